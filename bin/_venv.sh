@@ -1,0 +1,17 @@
+# Sourced by bin/minedraft and bin/test: make .venv with the package installed, once.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+STAMP="$VENV/.minedraft-installed"
+if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
+  echo "minedraft: setting up $VENV (first run only)..." >&2
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip >&2
+  # The CPU build of torch; a plain 'torch' requirement would pull a multi-GB CUDA build.
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0" >&2
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]" >&2
+  touch "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,1 @@
+"""Command-line entry points (`minedraft generate`, `minedraft bench`, ...)."""

@@ -1,0 +1,115 @@
+"""`minedraft bench`: AR vs standard SD with the in-process engine, side by side in one run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from minedraft.cli.options import add_model_flags
+from minedraft.engine.engine import EngineConfig, LLMEngine
+from minedraft.engine.loader import parse_dtype
+from minedraft.engine.sampling import SamplingParams
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="compare AR and speculative decoding on CPU or GPU")
+    add_model_flags(p)
+    p.add_argument("--batch-sizes", default="1,4,16", help="comma-separated concurrent request counts")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="alternating AR/SD rounds; medians are reported")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    p.add_argument("--json-out", help="write the raw results here")
+    p.set_defaults(run=run)
+
+
+def benchmark_prompts(count: int, tokens: int, engine: LLMEngine) -> list[list[int]]:
+    """Deterministic code prompts from standard-library modules (present on every machine)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    names = ["json/decoder.py", "csv.py", "textwrap.py", "heapq.py", "bisect.py", "fractions.py",
+             "shlex.py", "string.py", "colorsys.py", "calendar.py", "difflib.py", "pprint.py"]
+    prompts: list[list[int]] = []
+    offset = 0
+    while len(prompts) < count:
+        for name in names:
+            ids = engine.tokenizer.encode((stdlib / name).read_text(encoding="utf-8"))
+            start = 200 + offset * tokens
+            prompts.append(ids[start : start + tokens])
+            if len(prompts) == count:
+                break
+        offset += 1
+    return prompts
+
+
+@dataclass(slots=True)
+class RunResult:
+    tokens: int
+    seconds: float
+    steps: int
+    drafted: int
+    accepted: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def timed_run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> RunResult:
+    params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True) for _ in prompts]
+    start = time.perf_counter()
+    reqs = engine.generate(prompts, params)
+    seconds = time.perf_counter() - start
+    return RunResult(
+        tokens=sum(len(r.output_ids) for r in reqs),
+        seconds=seconds,
+        steps=sum(r.stats.steps for r in reqs),
+        drafted=sum(r.stats.drafted for r in reqs),
+        accepted=sum(r.stats.accepted for r in reqs),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = [int(s) for s in args.batch_sizes.split(",")]
+    common = {"device": args.device, "dtype": parse_dtype(args.dtype), "max_num_seqs": max(sizes)}
+    engines = {
+        "ar": LLMEngine.from_folders(args.target, None, EngineConfig(mode="ar", **common)),
+        "sd": LLMEngine.from_folders(args.target, args.draft, EngineConfig(mode="sd", k=args.k, **common)),
+    }
+    rows = []
+    for size in sizes:
+        prompts = benchmark_prompts(size, 32, engines["ar"])
+        timed_run(engines["sd"], prompts[:1], 8)  # warm-up
+        results: dict[str, list[RunResult]] = {"ar": [], "sd": []}
+        for _ in range(args.repeats):
+            for mode, engine in engines.items():
+                results[mode].append(timed_run(engine, prompts, args.max_tokens))
+        ar_tps = statistics.median(r.tokens_per_s for r in results["ar"])
+        sd_tps = statistics.median(r.tokens_per_s for r in results["sd"])
+        sd = results["sd"][0]
+        rows.append({
+            "batch": size,
+            "ar_tokens_per_s": round(ar_tps, 1),
+            "sd_tokens_per_s": round(sd_tps, 1),
+            "sd_over_ar": round(sd_tps / ar_tps, 3),
+            "acceptance": round(sd.accepted / sd.drafted, 3),
+            "mean_accepted_length": round(sd.tokens / sd.steps, 3),
+        })
+    header = "| batch | AR tok/s | SD tok/s | SD/AR | acceptance | tokens/step |"
+    print(f"k={args.k}, max_tokens={args.max_tokens}, device={args.device}, threads={torch.get_num_threads()}, "
+          f"medians of {args.repeats} alternating rounds")
+    print(header)
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['batch']} | {r['ar_tokens_per_s']} | {r['sd_tokens_per_s']} | {r['sd_over_ar']} | "
+              f"{r['acceptance']} | {r['mean_accepted_length']} |")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(rows, indent=2))
+    return 0

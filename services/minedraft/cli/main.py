@@ -1,0 +1,30 @@
+"""`minedraft` console script: one subcommand per module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from minedraft.cli import bench, generate
+from minedraft.engine.errors import MinedraftError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minedraft", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in (generate, bench):
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except MinedraftError as exc:
+        print(f"minedraft: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

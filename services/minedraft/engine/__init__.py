@@ -1,0 +1,1 @@
+"""Shared engine: models, paged KV cache, sampling and speculative decoding."""

@@ -1,0 +1,51 @@
+"""Draft side of speculative decoding: propose k tokens per sequence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minedraft.engine.sampling import STREAM_DRAFT, sample_tokens
+from minedraft.engine.worker import Worker
+
+
+@dataclass(slots=True)
+class Proposal:
+    """Draft tokens [B, k] and, for sampled rows, the distributions they came from."""
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None  # [B, k, V]; None when the whole batch is greedy
+
+
+class DraftWorker(Worker):
+    """Owns the draft model's KV; rolls it back to the accepted prefix after each verdict."""
+
+    def propose(self, seq_ids: list[int], k: int) -> Proposal:
+        """Run k draft forwards: the first feeds every uncached committed token, then one each."""
+        states = [self.seqs[s] for s in seq_ids]
+        sampling = self.sampling(seq_ids)
+        lengths = torch.tensor([st.length for st in states], dtype=torch.long, device=self.runner.device)
+        feed = [st.uncached() for st in states]
+        starts = [st.cached for st in states]
+        tokens: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            logits = self.runner.forward(seq_ids, feed, starts, last_n=1)
+            token, prob = sample_tokens(logits, sampling, (lengths + i).unsqueeze(1), STREAM_DRAFT)
+            tokens.append(token[:, 0])
+            probs.append(prob[:, 0])
+            starts = [st.length + i for st in states]
+            feed = [[t] for t in token[:, 0].tolist()]
+        for st in states:
+            st.cached = st.length + k - 1
+        draft_tokens = torch.stack(tokens, dim=1)
+        draft_probs = None if sampling.all_greedy else torch.stack(probs, dim=1)
+        return Proposal(draft_tokens, draft_probs)
+
+    def commit(self, seq_id: int, new_tokens: list[int], accepted: int) -> None:
+        """Append the verifier's tokens; keep KV only for drafts that were accepted."""
+        st = self.seqs[seq_id]
+        st.cached = min(st.cached, st.length + accepted)
+        st.tokens.extend(new_tokens)
+        self.runner.truncate(seq_id, st.cached)

@@ -1,0 +1,222 @@
+"""In-process engine: continuous batching with autoregressive or speculative steps.
+
+The step loop reads like the idea: admit -> reserve KV -> draft -> verify -> commit ->
+retire finished requests. The batch-parallel services reuse the same workers and
+request bookkeeping; this engine is the single-process reference they are tested against.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from minedraft.engine.drafter import DraftWorker
+from minedraft.engine.errors import InvalidRequestError, ModelLoadError
+from minedraft.engine.loader import load_model
+from minedraft.engine.request import FINISH_ABORT, Request
+from minedraft.engine.runner import ModelRunner
+from minedraft.engine.sampling import SamplingParams
+from minedraft.engine.tokenizer import Tokenizer
+from minedraft.engine.validation import validate_k, validate_request
+from minedraft.engine.verifier import TargetWorker
+
+MODES = ("ar", "sd")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """How the in-process engine decodes and how much KV it holds."""
+
+    mode: str = "sd"
+    k: int = 4
+    max_num_seqs: int = 64
+    block_size: int = 16
+    num_blocks: int = 4096
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidRequestError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "sd":
+            validate_k(self.k)
+        if self.max_num_seqs < 1:
+            raise InvalidRequestError("max_num_seqs must be >= 1")
+
+
+def check_pair(target: TargetWorker, draft: DraftWorker | None) -> None:
+    """A draft is only usable when it speaks the target's vocabulary."""
+    if draft is not None and draft.vocab_size != target.vocab_size:
+        raise ModelLoadError(
+            f"target and draft have different vocabularies ({target.vocab_size} vs {draft.vocab_size} "
+            "tokens); speculative decoding needs a draft trained with the target's tokenizer"
+        )
+
+
+def max_context(target: TargetWorker, draft: DraftWorker | None) -> int:
+    limits = [target.runner.config.max_position_embeddings]
+    if draft is not None:
+        limits.append(draft.runner.config.max_position_embeddings)
+    return min(limits)
+
+
+class LLMEngine:
+    """Holds the target (and optionally the draft) worker and the request queues."""
+
+    def __init__(
+        self,
+        target: TargetWorker,
+        draft: DraftWorker | None,
+        tokenizer: Tokenizer,
+        config: EngineConfig,
+    ) -> None:
+        config.validate()
+        if config.mode == "sd" and draft is None:
+            raise InvalidRequestError("mode 'sd' needs a draft model")
+        check_pair(target, draft)
+        self.target = target
+        self.draft = draft if config.mode == "sd" else None
+        self.tokenizer = tokenizer
+        self.config = config
+        self.max_context = max_context(target, self.draft)
+        self.eos_ids = frozenset(
+            [*target.runner.config.eos_token_ids]
+            + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+        )
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[int, Request] = {}
+        self._ids = itertools.count()
+        self.total_steps = 0
+
+    @classmethod
+    def from_folders(
+        cls, target_dir: str | Path, draft_dir: str | Path | None, config: EngineConfig
+    ) -> LLMEngine:
+        config.validate()
+        target = TargetWorker(
+            ModelRunner(
+                load_model(target_dir, config.device, config.dtype),
+                config.num_blocks,
+                config.block_size,
+                config.device,
+            )
+        )
+        draft = None
+        if config.mode == "sd":
+            if draft_dir is None:
+                raise InvalidRequestError("mode 'sd' needs a draft model folder")
+            draft = DraftWorker(
+                ModelRunner(
+                    load_model(draft_dir, config.device, config.dtype),
+                    config.num_blocks,
+                    config.block_size,
+                    config.device,
+                )
+            )
+        return cls(target, draft, Tokenizer(target_dir), config)
+
+    @property
+    def k(self) -> int:
+        return self.config.k if self.draft is not None else 0
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams) -> Request:
+        """Validate and queue a request; it joins the running batch at the next step."""
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        validate_request(prompt_ids, params, self.max_context, self.target.vocab_size)
+        lookahead_blocks = self.target.runner.allocator.blocks_for(len(prompt_ids) + params.max_tokens + self.k + 1)
+        if lookahead_blocks > self.target.runner.allocator.num_blocks:
+            raise InvalidRequestError("request is larger than the whole KV cache; lower max_tokens")
+        params.resolved_seed()
+        req = Request(next(self._ids), prompt_ids, params)
+        self.requests[req.req_id] = req
+        self.waiting.append(req)
+        return req
+
+    def abort(self, req_id: int) -> None:
+        """Cancel a request and release its KV blocks on both models at once."""
+        req = self.requests.pop(req_id, None)
+        if req is None:
+            return
+        req.finish(FINISH_ABORT)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self._retire(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _workers(self) -> list[TargetWorker | DraftWorker]:
+        return [self.target] if self.draft is None else [self.target, self.draft]
+
+    def _fits(self, reqs: list[Request]) -> bool:
+        ids = [r.req_id for r in reqs]
+        return all(
+            w.blocks_needed(ids, self.k - (w is self.draft)) <= w.runner.allocator.num_free for w in self._workers()
+        )
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            for w in self._workers():
+                w.add(req.req_id, req.all_tokens, req.params)
+            if not self._fits([*self.running, req]) and self.running:
+                for w in self._workers():
+                    w.remove(req.req_id)
+                return
+            self.running.append(self.waiting.popleft())
+
+    def _preempt_until_fits(self) -> None:
+        """Free the newest requests (to be recomputed later) until this step's KV fits."""
+        while len(self.running) > 1 and not self._fits(self.running):
+            victim = self.running.pop()
+            for w in self._workers():
+                w.remove(victim.req_id)
+            self.waiting.appendleft(victim)
+
+    def _retire(self, req: Request) -> None:
+        for w in self._workers():
+            w.remove(req.req_id)
+        if req in self.running:
+            self.running.remove(req)
+        self.requests.pop(req.req_id, None)
+
+    def step(self) -> list[Request]:
+        """One draft+verify (or AR) step over the running batch; returns requests that advanced."""
+        self._admit()
+        self._preempt_until_fits()
+        if not self.running:
+            return []
+        batch = list(self.running)
+        ids = [r.req_id for r in batch]
+        proposal = self.draft.propose(ids, self.k) if self.draft is not None else None
+        verdict = self.target.verify(ids, proposal)
+        self.total_steps += 1
+        for req, row, accepted in zip(batch, verdict.tokens.tolist(), verdict.accepted.tolist(), strict=True):
+            new_tokens = row[: accepted + 1]
+            if self.draft is not None:
+                self.draft.commit(req.req_id, new_tokens, accepted)
+            req.stats.steps += 1
+            req.stats.drafted += self.k
+            req.stats.accepted += accepted
+            req.append_tokens(new_tokens, self.eos_ids, self.tokenizer.decode)
+            if req.finished:
+                self._retire(req)
+        return batch
+
+    def generate(
+        self, prompts: Iterable[str | list[int]], params: list[SamplingParams] | SamplingParams
+    ) -> list[Request]:
+        """Run prompts to completion (offline use: CLI, tests, benchmarks)."""
+        prompts = list(prompts)
+        plist = params if isinstance(params, list) else [replace(params) for _ in prompts]
+        reqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
+        while self.has_unfinished():
+            self.step()
+        return reqs
+

@@ -1,0 +1,108 @@
+"""Decoder-only Llama-family model over a paged KV cache.
+
+Parameter names follow the Hugging Face checkpoints (`model.layers.N.self_attn.q_proj`
+and so on) so safetensors load by name with no renaming table.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minedraft.engine.attention import AttentionMetadata, paged_attention, write_kv
+from minedraft.engine.config import ModelConfig
+from minedraft.engine.layers import RMSNorm, RotaryEmbedding, SwiGLU
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with optional q/k bias (Qwen2) and q/k norm (Qwen3)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        batch, width, _ = x.shape
+        q = self.q_proj(x).view(batch, width, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, width, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, width, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = cos_sin
+        q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+        write_kv(kv[0], kv[1], k, v, meta.slot_mapping)
+        out = paged_attention(q, kv[0], kv[1], meta, self.scale)
+        return self.o_proj(out.reshape(batch, width, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderBody(nn.Module):
+    """Embedding, decoder layers and final norm (the `model.` prefix of HF checkpoints)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope)
+
+
+class CausalLM(nn.Module):
+    """The full model: hidden states from `forward`, logits from `logits`."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = DecoderBody(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Run [B, Q] tokens through the decoder, writing their KV; returns [B, Q, hidden]."""
+        x = self.model.embed_tokens(input_ids)
+        cos_sin = self.model.rotary.cos_sin(meta.positions)
+        for layer, kv in zip(self.model.layers, kv_caches, strict=True):
+            x = layer(x, cos_sin, kv, meta)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

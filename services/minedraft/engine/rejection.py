@@ -1,0 +1,77 @@
+"""Lossless speculative acceptance (Leviathan et al. 2023; Chen et al. 2023), vectorized.
+
+Draft token x_i ~ q_i is kept when u_i * q_i(x_i) <= p_i(x_i); at the first rejection the
+replacement is drawn from norm(max(0, p_i - q_i)); when all k survive, a bonus token is
+drawn from p_{k+1}. Greedy rows keep drafts while they equal argmax p and then emit the
+argmax. No Python loop runs over tokens or over the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minedraft.engine.sampling import STREAM_ACCEPT, STREAM_TARGET, BatchSampling, sample_from, uniforms
+
+
+@dataclass(slots=True)
+class Verdict:
+    """Outcome per sequence: `tokens[b, :counts[b]]` are appended (accepted drafts + one)."""
+
+    tokens: torch.Tensor  # [B, k+1], padded with -1
+    counts: torch.Tensor  # [B], in 1..k+1
+    accepted: torch.Tensor  # [B], accepted draft tokens (counts - 1)
+
+
+def _first_rejection(accept: torch.Tensor) -> torch.Tensor:
+    """Number of leading True values per row of a [B, k] mask."""
+    return accept.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
+def verify_drafts(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    target_logits: torch.Tensor,
+    sampling: BatchSampling,
+    positions: torch.Tensor,
+) -> Verdict:
+    """Judge drafts [B, k] against target distributions [B, k+1, V].
+
+    positions [B, k+1] are the sequence positions the k+1 output slots would occupy; they
+    key the per-request random draws. draft_probs [B, k, V] may be None when every row
+    is greedy.
+    """
+    batch, k = draft_tokens.shape
+    greedy = sampling.greedy
+    target_argmax = target_logits.argmax(dim=-1)  # [B, k+1]
+    accept = draft_tokens == target_argmax[:, :k]
+    if draft_probs is not None and not sampling.all_greedy:
+        idx = draft_tokens.unsqueeze(-1)
+        p_x = target_probs[:, :k].gather(-1, idx).squeeze(-1).double()
+        q_x = draft_probs.gather(-1, idx).squeeze(-1).double()
+        coin = uniforms(sampling.seed, positions[:, :k], STREAM_ACCEPT)
+        accept = torch.where(greedy.view(-1, 1), accept, coin * q_x <= p_x)
+    n_acc = _first_rejection(accept)  # [B]
+
+    rows = torch.arange(batch, device=draft_tokens.device)
+    final_greedy = target_argmax[rows, n_acc]
+    if sampling.all_greedy or draft_probs is None:
+        final = final_greedy
+    else:
+        p_last = target_probs[rows, n_acc]  # [B, V]
+        padded_q = torch.cat((draft_probs, torch.zeros_like(draft_probs[:, :1])), dim=1)
+        q_last = padded_q[rows, n_acc]  # zero at the bonus slot: residual == p
+        residual = (p_last - q_last).clamp(min=0)
+        mass = residual.sum(dim=-1, keepdim=True)
+        residual = torch.where(mass > 0, residual, p_last)
+        u = uniforms(sampling.seed, positions[rows, n_acc], STREAM_TARGET)
+        final = torch.where(greedy, final_greedy, sample_from(residual, u))
+
+    slot = torch.arange(k + 1, device=draft_tokens.device).unsqueeze(0)
+    pad = torch.full((batch, 1), -1, dtype=draft_tokens.dtype, device=draft_tokens.device)
+    padded_drafts = torch.cat((draft_tokens, pad), dim=1)
+    tokens = torch.where(slot < n_acc.unsqueeze(1), padded_drafts, torch.full_like(padded_drafts, -1))
+    tokens = torch.where(slot == n_acc.unsqueeze(1), final.unsqueeze(1), tokens)
+    return Verdict(tokens=tokens, counts=n_acc + 1, accepted=n_acc)

@@ -1,0 +1,114 @@
+"""A request's life cycle: output tokens, stop conditions, text and statistics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from minedraft.engine.sampling import SamplingParams
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_ABORT = "abort"
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """Per-request speculation counters and timings."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    started: float = field(default_factory=time.perf_counter)
+    first_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def as_dict(self, output_tokens: int) -> dict[str, float]:
+        end = self.finished or time.perf_counter()
+        elapsed = max(end - self.started, 1e-9)
+        return {
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(output_tokens / self.steps, 4) if self.steps else 0.0,
+            "tokens_per_s": round(output_tokens / elapsed, 2),
+            "steps": self.steps,
+            "drafted_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+        }
+
+
+@dataclass(slots=True)
+class Request:
+    """One generation request as the engine and the batch manager track it."""
+
+    req_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+    _sent_text: int = 0
+    _sent_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def all_tokens(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def finish(self, reason: str) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.stats.finished = time.perf_counter()
+
+    def append_tokens(
+        self, new_tokens: list[int], eos_ids: frozenset[int], decode: Callable[[list[int]], str]
+    ) -> int:
+        """Append verified tokens up to the first stop condition; returns how many were kept."""
+        if self.finished:
+            return 0
+        if self.stats.first_token is None and new_tokens:
+            self.stats.first_token = time.perf_counter()
+        kept = 0
+        for token in new_tokens:
+            self.output_ids.append(token)
+            kept += 1
+            if (not self.params.ignore_eos and token in eos_ids) or token in self.params.stop_token_ids:
+                self.finish(FINISH_STOP)
+            elif len(self.output_ids) >= self.params.max_tokens:
+                self.finish(FINISH_LENGTH)
+            if self.finished:
+                break
+        self._update_text(decode)
+        return kept
+
+    def _update_text(self, decode: Callable[[list[int]], str]) -> None:
+        previous = len(self.text)
+        self.text = decode(self.output_ids)
+        if not self.params.stop:
+            return
+        longest = max(len(s) for s in self.params.stop)
+        search_from = max(0, previous - longest + 1)
+        hits = [i for i in (self.text.find(s, search_from) for s in self.params.stop) if i >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.finish(FINISH_STOP)
+
+    def take_delta(self) -> tuple[str, list[int]]:
+        """Text and token ids not yet handed to the client (holds back a split UTF-8 char)."""
+        text_end = len(self.text)
+        if not self.finished and self.text.endswith("\ufffd"):
+            text_end = len(self.text.rstrip("\ufffd"))
+        text_end = max(text_end, self._sent_text)
+        delta_text = self.text[self._sent_text : text_end]
+        delta_tokens = self.output_ids[self._sent_tokens :]
+        self._sent_text = text_end
+        self._sent_tokens = len(self.output_ids)
+        return delta_text, delta_tokens

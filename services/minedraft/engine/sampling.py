@@ -1,0 +1,171 @@
+"""Sampling parameters, logits processing and per-request counter-based randomness.
+
+Every random number a request consumes is a pure function of (its seed, the position of
+the token being decided, the purpose of the draw). Draws therefore do not depend on which
+batch a request lands in, how batches are rebalanced, or which process does the drawing:
+the draft service and the verifier can each produce their share without sharing state.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+import torch
+
+from minedraft.engine.errors import InvalidRequestError
+
+# Purposes of a random draw: one independent stream each.
+STREAM_DRAFT = 1  # draft model samples a proposal
+STREAM_ACCEPT = 2  # verifier's accept/reject coin
+STREAM_TARGET = 3  # verifier samples a correction, bonus or plain AR token
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Per-request decoding settings (OpenAI/vLLM names)."""
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise InvalidRequestError naming the first field that cannot be served."""
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise InvalidRequestError(f"seed must be in [0, 2**63), got {self.seed}")
+        if any(not s for s in self.stop):
+            raise InvalidRequestError("stop strings must be non-empty")
+        if vocab_size is not None and any(not 0 <= t < vocab_size for t in self.stop_token_ids):
+            raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab_size})")
+
+    def resolved_seed(self) -> int:
+        """The request's seed, drawn from the OS when the user gave none."""
+        if self.seed is None:
+            self.seed = secrets.randbits(63)
+        return self.seed
+
+
+@dataclass(slots=True)
+class BatchSampling:
+    """Sampling parameters of a batch as tensors, one row per sequence."""
+
+    temperature: torch.Tensor  # [B] float; 0 means greedy
+    top_k: torch.Tensor  # [B] long; 0 disables
+    top_p: torch.Tensor  # [B] float
+    seed: torch.Tensor  # [B] long
+
+    @classmethod
+    def from_params(cls, params: list[SamplingParams], device: torch.device | str = "cpu") -> BatchSampling:
+        return cls(
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            seed=torch.tensor([p.resolved_seed() for p in params], dtype=torch.long, device=device),
+        )
+
+    @property
+    def greedy(self) -> torch.Tensor:
+        return self.temperature == 0
+
+    @property
+    def all_greedy(self) -> bool:
+        return bool(self.greedy.all())
+
+    def select(self, rows: torch.Tensor) -> BatchSampling:
+        return BatchSampling(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.seed[rows])
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer avalanche hash on int64 tensors holding values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def _hash_draw(seed: torch.Tensor, position: torch.Tensor, stream: int, lane: int) -> torch.Tensor:
+    seed_lo = seed & _MASK32
+    seed_hi = (seed >> 32) & _MASK32
+    h = _mix32(torch.full_like(position, (stream * 0x9E3779B9 + lane * 0x85EBCA6B) & _MASK32))
+    h = _mix32(h ^ (position & _MASK32))
+    h = _mix32(h ^ seed_hi)
+    return _mix32(h ^ seed_lo)
+
+
+def uniforms(seed: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
+    """U[0, 1) in float64 with 53 random bits, for seeds [B] and positions [B, ...]."""
+    seed = seed.view(-1, *([1] * (positions.dim() - 1))).expand_as(positions)
+    hi = _hash_draw(seed, positions, stream, 0) >> 5  # 27 bits
+    lo = _hash_draw(seed, positions, stream, 1) >> 6  # 26 bits
+    return (hi.double() * 67108864.0 + lo.double()) / 9007199254740992.0
+
+
+def processed_probs(logits: torch.Tensor, sampling: BatchSampling) -> torch.Tensor:
+    """Probabilities after temperature, top-k and top-p: logits [B, T, V] -> probs [B, T, V].
+
+    Draft and target go through this same function, so both sides of the acceptance test
+    describe the distributions under identical parameters. Greedy rows get temperature 1;
+    their probabilities are only used through argmax.
+    """
+    logits = logits.float()
+    temp = torch.where(sampling.greedy, torch.ones_like(sampling.temperature), sampling.temperature)
+    logits = logits / temp.view(-1, 1, 1)
+    vocab = logits.shape[-1]
+    needs_top_k = bool(((sampling.top_k > 0) & (sampling.top_k < vocab)).any())
+    needs_top_p = bool((sampling.top_p < 1.0).any())
+    if needs_top_k or needs_top_p:
+        sorted_logits, _ = logits.sort(dim=-1, descending=True)
+        if needs_top_k:
+            k = torch.where(sampling.top_k > 0, sampling.top_k.clamp(max=vocab), torch.full_like(sampling.top_k, vocab))
+            kth = sorted_logits.gather(-1, (k - 1).view(-1, 1, 1).expand(*logits.shape[:-1], 1))
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+            sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+        if needs_top_p:
+            sorted_probs = torch.softmax(sorted_logits, dim=-1)
+            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            cut = mass_before >= sampling.top_p.view(-1, 1, 1)
+            cut[..., 0] = False
+            # The smallest kept logit is the threshold; ties with it are kept too.
+            threshold = sorted_logits.masked_fill(cut, float("inf")).amin(dim=-1, keepdim=True)
+            logits = logits.masked_fill(logits < threshold, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: probs [..., V] with one uniform per row [...] -> token ids [...]."""
+    cdf = probs.double().cumsum(dim=-1)
+    target = (u * cdf[..., -1]).unsqueeze(-1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return idx.clamp(max=probs.shape[-1] - 1)
+
+
+def sample_tokens(
+    logits: torch.Tensor, sampling: BatchSampling, positions: torch.Tensor, stream: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample (or argmax for greedy rows) from logits [B, T, V]; returns tokens [B, T] and probs."""
+    probs = processed_probs(logits, sampling)
+    greedy_tokens = logits.argmax(dim=-1)
+    if sampling.all_greedy:
+        return greedy_tokens, probs
+    drawn = sample_from(probs, uniforms(sampling.seed, positions, stream))
+    return torch.where(sampling.greedy.view(-1, 1), greedy_tokens, drawn), probs

@@ -1,0 +1,42 @@
+"""Target side of speculative decoding: score k+1 positions in one forward and judge."""
+
+from __future__ import annotations
+
+import torch
+
+from minedraft.engine.drafter import Proposal
+from minedraft.engine.rejection import Verdict, verify_drafts
+from minedraft.engine.sampling import processed_probs
+from minedraft.engine.worker import Worker
+
+
+class TargetWorker(Worker):
+    """Owns the target model's KV and the rejection sampler.
+
+    With k = 0 drafts the same step is plain autoregressive decoding (and prefill).
+    """
+
+    def verify(self, seq_ids: list[int], proposal: Proposal | None) -> Verdict:
+        states = [self.seqs[s] for s in seq_ids]
+        device = self.runner.device
+        if proposal is None:
+            drafts = torch.zeros((len(seq_ids), 0), dtype=torch.long, device=device)
+            draft_probs = None
+        else:
+            drafts, draft_probs = proposal.tokens.to(device), proposal.probs
+        k = drafts.shape[1]
+        draft_lists = drafts.tolist()
+        feed = [st.uncached() + d for st, d in zip(states, draft_lists, strict=True)]
+        logits = self.runner.forward(seq_ids, feed, [st.cached for st in states], last_n=k + 1)
+        sampling = self.sampling(seq_ids)
+        lengths = torch.tensor([st.length for st in states], dtype=torch.long, device=device)
+        positions = lengths.unsqueeze(1) + torch.arange(k + 1, device=device)
+        target_probs = processed_probs(logits, sampling)
+        if draft_probs is not None:
+            draft_probs = draft_probs.to(device)
+        verdict = verify_drafts(drafts, draft_probs, target_probs, logits, sampling, positions)
+        for st, row, accepted in zip(states, verdict.tokens.tolist(), verdict.accepted.tolist(), strict=True):
+            st.cached = st.length + accepted
+            st.tokens.extend(row[: accepted + 1])
+            self.runner.truncate(st.seq_id, st.cached)
+        return verdict

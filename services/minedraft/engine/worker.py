@@ -1,0 +1,39 @@
+"""Membership bookkeeping shared by the draft and target workers."""
+
+from __future__ import annotations
+
+from minedraft.engine.runner import ModelRunner
+from minedraft.engine.sampling import BatchSampling, SamplingParams
+from minedraft.engine.sequence import SeqState
+
+
+class Worker:
+    """A model runner plus the sequences it currently holds KV for."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.seqs: dict[int, SeqState] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.config.vocab_size
+
+    def add(self, seq_id: int, tokens: list[int], params: SamplingParams) -> None:
+        """Start tracking a sequence; its KV is computed lazily on its first step."""
+        if seq_id in self.seqs:
+            raise KeyError(f"sequence {seq_id} is already present")
+        params.resolved_seed()
+        self.seqs[seq_id] = SeqState(seq_id, list(tokens), params)
+
+    def remove(self, seq_id: int) -> None:
+        """Forget a sequence and give its KV blocks back at once."""
+        self.seqs.pop(seq_id, None)
+        self.runner.free(seq_id)
+
+    def blocks_needed(self, seq_ids: list[int], lookahead: int) -> int:
+        """Extra KV blocks a step with `lookahead` positions beyond the committed tokens needs."""
+        alloc = self.runner.allocator
+        return sum(alloc.extra_blocks_needed(s, self.seqs[s].length + lookahead) for s in seq_ids)
+
+    def sampling(self, seq_ids: list[int]) -> BatchSampling:
+        return BatchSampling.from_params([self.seqs[s].params for s in seq_ids], self.runner.device)

@@ -1,0 +1,100 @@
+"""Shared fixtures: random Hugging Face model folders built in the test (no downloads)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from minedraft.engine.drafter import DraftWorker
+from minedraft.engine.engine import EngineConfig, LLMEngine
+from minedraft.engine.loader import load_model
+from minedraft.engine.runner import ModelRunner
+from minedraft.engine.tokenizer import Tokenizer as EngineTokenizer
+from minedraft.engine.verifier import TargetWorker
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+ARCH_CONFIGS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "llama3_rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "rope_theta": 500000.0,
+            "max_position_embeddings": 512,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        },
+    ),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24}),
+}
+
+
+def write_word_tokenizer(folder: Path, vocab_size: int, eos_id: int) -> None:
+    """A word-level tokenizer "w0 w1 ..." so random models have a real tokenizer.json."""
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": f"w{eos_id}"}))
+
+
+def make_hf_model(folder: Path, arch: str = "llama", seed: int = 0, **overrides: object):
+    """Save a randomly initialised transformers model (fp32) with a tokenizer; returns it."""
+    import transformers
+
+    config_cls, model_cls, extra = ARCH_CONFIGS[arch]
+    kwargs: dict[str, object] = {
+        "vocab_size": 97,
+        "hidden_size": 64,
+        "intermediate_size": 112,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "eos_token_id": 1,
+        "bos_token_id": 0,
+        **extra,
+        **overrides,
+    }
+    config = getattr(transformers, config_cls)(**kwargs)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).eval()
+    # Larger-than-default weights make logits spread out, so comparisons are meaningful.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(2.5)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    write_word_tokenizer(folder, int(kwargs["vocab_size"]), 1)
+    return model
+
+
+def engine_from_folders(target: Path, draft: Path | None, mode: str, k: int = 3, **cfg: object) -> LLMEngine:
+    return LLMEngine.from_folders(target, draft, EngineConfig(mode=mode, k=k, **cfg))
+
+
+def workers_for(target: Path, draft: Path, num_blocks: int = 256, block_size: int = 4):
+    t = TargetWorker(ModelRunner(load_model(target), num_blocks, block_size))
+    d = DraftWorker(ModelRunner(load_model(draft), num_blocks, block_size))
+    return t, d, EngineTokenizer(target)
+
+
+@pytest.fixture(scope="session")
+def random_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A random target and a smaller random draft over the same 97-token vocabulary."""
+    root = tmp_path_factory.mktemp("pair")
+    make_hf_model(root / "target", "llama", seed=1)
+    make_hf_model(root / "draft", "llama", seed=2, num_hidden_layers=1, hidden_size=32, intermediate_size=48)
+    return root / "target", root / "draft"
