@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+
 from minedraft.engine.drafter import DraftWorker
 from minedraft.engine.engine import EngineConfig, LLMEngine
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.tokenizer import Tokenizer as EngineTokenizer
 from minedraft.engine.verifier import TargetWorker
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 ARCH_CONFIGS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
@@ -47,7 +48,7 @@ def write_word_tokenizer(folder: Path, vocab_size: int, eos_id: int) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": f"w{eos_id}"}))
 
 
-def make_hf_model(folder: Path, arch: str = "llama", seed: int = 0, **overrides: object):
+def make_hf_model(folder: Path, arch: str = "llama", seed: int = 0, weight_scale: float = 2.5, **overrides: object):
     """Save a randomly initialised transformers model (fp32) with a tokenizer; returns it."""
     import transformers
 
@@ -74,7 +75,7 @@ def make_hf_model(folder: Path, arch: str = "llama", seed: int = 0, **overrides:
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
-                p.mul_(2.5)
+                p.mul_(weight_scale)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     write_word_tokenizer(folder, int(kwargs["vocab_size"]), 1)

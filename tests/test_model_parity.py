@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
-
 from tests.conftest import ARCH_CONFIGS, make_hf_model
 
 

@@ -57,15 +57,18 @@ def verify_drafts(
 
     rows = torch.arange(batch, device=draft_tokens.device)
     final_greedy = target_argmax[rows, n_acc]
-    if sampling.all_greedy or draft_probs is None:
+    if sampling.all_greedy:
         final = final_greedy
     else:
         p_last = target_probs[rows, n_acc]  # [B, V]
-        padded_q = torch.cat((draft_probs, torch.zeros_like(draft_probs[:, :1])), dim=1)
-        q_last = padded_q[rows, n_acc]  # zero at the bonus slot: residual == p
-        residual = (p_last - q_last).clamp(min=0)
-        mass = residual.sum(dim=-1, keepdim=True)
-        residual = torch.where(mass > 0, residual, p_last)
+        if draft_probs is None:  # no drafts were judged: plain sampling from p
+            residual = p_last
+        else:
+            padded_q = torch.cat((draft_probs, torch.zeros_like(draft_probs[:, :1])), dim=1)
+            q_last = padded_q[rows, n_acc]  # zero at the bonus slot: residual == p
+            residual = (p_last - q_last).clamp(min=0)
+            mass = residual.sum(dim=-1, keepdim=True)
+            residual = torch.where(mass > 0, residual, p_last)
         u = uniforms(sampling.seed, positions[rows, n_acc], STREAM_TARGET)
         final = torch.where(greedy, final_greedy, sample_from(residual, u))
 
