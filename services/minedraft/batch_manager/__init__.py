@@ -1,0 +1,1 @@
+"""Batch manager: public APIs, request life cycle, the two batches and the step driver."""

@@ -1,0 +1,51 @@
+"""The contract between the public APIs (gRPC, HTTP) and whatever decodes.
+
+Both the in-process engine backend and the batch-parallel coordinator implement
+`GenerationBackend`; the API layers only see this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from minedraft.engine.errors import MinedraftError
+from minedraft.engine.sampling import SamplingParams
+from minedraft.engine.tokenizer import Tokenizer
+
+
+class QueueFullError(MinedraftError):
+    """Too many requests are waiting; the client should retry later (429 / RESOURCE_EXHAUSTED)."""
+
+
+@dataclass(slots=True)
+class GenerationChunk:
+    """Output produced since the previous chunk of the same request."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None  # None while running; "stop" | "length" | "abort" at the end
+    prompt_tokens: int
+    completion_tokens: int  # total so far
+
+
+class GenerationBackend(Protocol):
+    model_name: str
+    tokenizer: Tokenizer
+    max_context: int
+
+    def generate(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
+        """Stream chunks until one carries a finish_reason.
+
+        Validation errors raise InvalidRequestError and a full queue raises QueueFullError,
+        both before the first chunk. Closing the iterator early (client gone) cancels the
+        request and frees its KV blocks.
+        """
+        ...
+
+    def status(self) -> dict[str, object]:
+        """Mode, batch sizes and counters for /health and metrics."""
+        ...

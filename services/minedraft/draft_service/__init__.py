@@ -1,0 +1,1 @@
+"""Draft service: the draft model and its own KV cache, on its own device."""

@@ -1,0 +1,84 @@
+"""Runs the draft half of each step plan on the draft model."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from minedraft.engine.drafter import DraftWorker
+from minedraft.proto import control_pb2
+from minedraft.worker.data_plane import DRAFT_RANK, DataPlane, DataPlaneError, DraftPayload
+from minedraft.worker.plan import apply_membership, timed, worker_info
+
+log = logging.getLogger(__name__)
+
+
+class DraftExecutor:
+    role = "draft"
+
+    def __init__(self, worker: DraftWorker) -> None:
+        self.worker = worker
+        self.plane: DataPlane | None = None
+        self.verdict_pending = False
+        self.last_step = -1
+
+    def reset(self) -> None:
+        for seq_id in list(self.worker.seqs):
+            self.worker.remove(seq_id)
+        if self.plane is not None:
+            self.plane.close()
+            self.plane = None
+        self.verdict_pending = False
+
+    def handle_setup(self, setup: control_pb2.DataPlaneSetup) -> control_pb2.WorkerEvent:
+        if self.plane is not None:
+            self.plane.close()
+            self.plane = None
+        self.verdict_pending = False
+        try:
+            store = dist.TCPStore(setup.master_addr, setup.master_port, is_master=False,
+                                  timeout=timedelta(seconds=setup.timeout_s or 20))
+            self.plane = DataPlane(DRAFT_RANK, setup.epoch, store, setup.backend, self.worker.runner.device,
+                                   setup.timeout_s or 20)
+        except (DataPlaneError, RuntimeError) as exc:
+            return control_pb2.WorkerEvent(step=-1, data_plane_lost=True, error=str(exc))
+        return control_pb2.WorkerEvent(step=-1, setup_done=True)
+
+    def _commit_verdict(self, timing: control_pb2.StepTiming) -> None:
+        if not self.verdict_pending or self.plane is None:
+            return
+        with timed(timing, "recv_wait_ms"):
+            verdict = self.plane.recv_verdict()
+        with timed(timing, "control_ms"):
+            for seq_id, row, accepted in zip(verdict.seq_ids, verdict.tokens.tolist(), verdict.accepted.tolist(),
+                                             strict=True):
+                if seq_id in self.worker.seqs:
+                    self.worker.commit(seq_id, row[: accepted + 1], accepted)
+
+    def handle_plan(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent:
+        event = control_pb2.WorkerEvent(step=plan.step)
+        timing = event.timing
+        with timed(timing, "control_ms"):
+            apply_membership(self.worker, plan)
+        try:
+            self._commit_verdict(timing)
+            self.verdict_pending = plan.send_verdict and len(plan.verify_batch) > 0
+            ids = list(plan.draft_batch) if plan.with_drafts else []
+            timing.batch = len(ids)
+            if ids and self.plane is not None:
+                with timed(timing, "compute_ms"):
+                    proposal = self.worker.propose(ids, plan.k)
+                with timed(timing, "send_ms"):
+                    self.plane.send_drafts(DraftPayload(plan.step, ids, proposal.tokens, proposal.probs))
+        except DataPlaneError as exc:
+            log.warning("verifier lost at step %d: %s", plan.step, exc)
+            self.plane = None
+            event.data_plane_lost = True
+        self.last_step = plan.step
+        return event
+
+    def info(self) -> control_pb2.WorkerInfo:
+        return worker_info(self.worker, self.role, self.last_step,
+                           transport=self.plane.backend if self.plane is not None else "")

@@ -1,0 +1,1 @@
+"""Target verifier service: target model, paged KV cache and the rejection sampler."""

@@ -1,0 +1,117 @@
+"""Runs the verify half of each step plan on the target model."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from minedraft.engine.drafter import Proposal
+from minedraft.engine.verifier import TargetWorker
+from minedraft.proto import control_pb2
+from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError, DraftPayload, VerdictPayload
+from minedraft.worker.plan import apply_membership, timed, worker_info
+
+log = logging.getLogger(__name__)
+
+
+def align_drafts(payload: DraftPayload, seq_ids: list[int]) -> Proposal:
+    """Rows of the draft payload in the order of this step's verify batch."""
+    row_of = {s: i for i, s in enumerate(payload.seq_ids)}
+    missing = [s for s in seq_ids if s not in row_of]
+    if missing:
+        raise RuntimeError(f"plan asks to verify sequences {missing} that were not drafted")
+    rows = torch.tensor([row_of[s] for s in seq_ids], dtype=torch.long)
+    probs = payload.probs[rows] if payload.probs is not None else None
+    return Proposal(payload.tokens[rows], probs)
+
+
+class VerifierExecutor:
+    role = "target"
+
+    def __init__(self, worker: TargetWorker, store: dist.Store, store_host: str, store_port: int) -> None:
+        self.worker = worker
+        self.store = store
+        self.store_host = store_host
+        self.store_port = store_port
+        self.plane: DataPlane | None = None
+        self.drafts_pending = False
+        self.last_step = -1
+
+    def reset(self) -> None:
+        for seq_id in list(self.worker.seqs):
+            self.worker.remove(seq_id)
+        self._drop_plane()
+        self.drafts_pending = False
+
+    def _drop_plane(self) -> None:
+        if self.plane is not None:
+            self.plane.close()
+            self.plane = None
+
+    def handle_setup(self, setup: control_pb2.DataPlaneSetup) -> control_pb2.WorkerEvent:
+        self._drop_plane()
+        self.drafts_pending = False
+        try:
+            self.plane = DataPlane(VERIFIER_RANK, setup.epoch, self.store, setup.backend,
+                                   self.worker.runner.device, setup.timeout_s or 20)
+        except DataPlaneError as exc:
+            return control_pb2.WorkerEvent(step=-1, data_plane_lost=True, error=str(exc))
+        return control_pb2.WorkerEvent(step=-1, setup_done=True)
+
+    def _receive_drafts(self, timing: control_pb2.StepTiming) -> DraftPayload | None:
+        if not self.drafts_pending or self.plane is None:
+            return None
+        with timed(timing, "recv_wait_ms"):
+            return self.plane.recv_drafts()
+
+    def handle_plan(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent:
+        event = control_pb2.WorkerEvent(step=plan.step)
+        timing = event.timing
+        with timed(timing, "control_ms"):
+            apply_membership(self.worker, plan)
+        payload = None
+        try:
+            payload = self._receive_drafts(timing)
+        except DataPlaneError as exc:
+            log.warning("draft service lost at step %d: %s", plan.step, exc)
+            self._drop_plane()
+            event.data_plane_lost = True
+        self.drafts_pending = plan.with_drafts and len(plan.draft_batch) > 0 and self.plane is not None
+        ids = [s for s in plan.verify_batch if s in self.worker.seqs]
+        timing.batch = len(ids)
+        if ids:
+            proposal = align_drafts(payload, ids) if payload is not None else None
+            with timed(timing, "compute_ms"):
+                verdict = self.worker.verify(ids, proposal)
+            counts = verdict.counts.tolist()
+            rows = verdict.tokens.tolist()
+            event.verdicts.seq_ids.extend(ids)
+            event.verdicts.counts.extend(counts)
+            event.verdicts.accepted.extend(verdict.accepted.tolist())
+            event.verdicts.tokens.extend(t for row, c in zip(rows, counts, strict=True) for t in row[:c])
+            tokens, accepted = verdict.tokens, verdict.accepted
+        else:
+            tokens = torch.zeros((0, plan.k + 1), dtype=torch.long)
+            accepted = torch.zeros(0, dtype=torch.long)
+        if plan.send_verdict and len(plan.verify_batch) > 0 and self.plane is not None:
+            self._send_verdict(VerdictPayload(plan.step, ids, tokens, accepted), timing, event)
+        self.last_step = plan.step
+        return event
+
+    def _send_verdict(
+        self, payload: VerdictPayload, timing: control_pb2.StepTiming, event: control_pb2.WorkerEvent
+    ) -> None:
+        try:
+            with timed(timing, "send_ms"):
+                self.plane.send_verdict(payload)
+        except DataPlaneError as exc:
+            log.warning("draft service lost while sending step %d: %s", payload.step, exc)
+            self._drop_plane()
+            event.data_plane_lost = True
+
+    def info(self) -> control_pb2.WorkerInfo:
+        return worker_info(self.worker, self.role, self.last_step, data_plane_addr=self.store_host,
+                           data_plane_port=self.store_port,
+                           transport=self.plane.backend if self.plane is not None else "")

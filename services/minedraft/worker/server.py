@@ -1,0 +1,88 @@
+"""gRPC control server shared by the draft service and the verifier.
+
+Plans arrive on a bidi stream and are executed in order by one loop thread; the loop
+never waits on gRPC except to read the next plan, and the batch manager keeps plans
+queued ahead of it. Events go back through a queue the gRPC handler drains.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from minedraft.proto import control_pb2, control_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class StepExecutor(Protocol):
+    role: str
+
+    def handle_plan(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent: ...
+
+    def handle_setup(self, setup: control_pb2.DataPlaneSetup) -> control_pb2.WorkerEvent: ...
+
+    def reset(self) -> None: ...
+
+    def info(self) -> control_pb2.WorkerInfo: ...
+
+
+class WorkerServicer(control_pb2_grpc.WorkerServicer):
+    """One batch manager at a time drives the executor; a new stream resets its state."""
+
+    def __init__(self, executor: StepExecutor) -> None:
+        self.executor = executor
+        self._lock = threading.Lock()
+
+    def Info(self, request: control_pb2.InfoRequest, context: grpc.ServicerContext) -> control_pb2.WorkerInfo:
+        return self.executor.info()
+
+    def Control(
+        self, request_iterator: Iterator[control_pb2.ControlMessage], context: grpc.ServicerContext
+    ) -> Iterator[control_pb2.WorkerEvent]:
+        if not self._lock.acquire(blocking=False):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "another batch manager is already connected")
+        try:
+            self.executor.reset()
+            events: queue.Queue[control_pb2.WorkerEvent | None] = queue.Queue()
+            threading.Thread(target=self._run, args=(request_iterator, events), daemon=True).start()
+            while (event := events.get()) is not None:
+                yield event
+        finally:
+            self.executor.reset()
+            self._lock.release()
+
+    def _run(self, messages: Iterator[control_pb2.ControlMessage], events: queue.Queue) -> None:
+        try:
+            for msg in messages:
+                kind = msg.WhichOneof("body")
+                if kind == "plan":
+                    events.put(self.executor.handle_plan(msg.plan))
+                elif kind == "setup":
+                    events.put(self.executor.handle_setup(msg.setup))
+        except grpc.RpcError:
+            log.info("batch manager stream closed")
+        except Exception as exc:
+            log.exception("worker loop failed")
+            events.put(control_pb2.WorkerEvent(error=f"{type(exc).__name__}: {exc}"))
+        finally:
+            events.put(None)
+
+
+def serve_worker(executor: StepExecutor, host: str, port: int) -> tuple[grpc.Server, int]:
+    """Start the control server (with gRPC health checking); returns it and its bound port."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    control_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(executor), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    server.start()
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    return server, bound

@@ -1,0 +1,32 @@
+"""Worker settings from flags, with environment variables as defaults (what a pod sets)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from minedraft.bundled import TINY_DRAFT, TINY_TARGET
+
+
+def env(name: str, default: str) -> str:
+    return os.environ.get(f"MINEDRAFT_{name}", default)
+
+
+def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
+    model_default = str(TINY_TARGET if role == "target" else TINY_DRAFT)
+    port_default = "50061" if role == "target" else "50062"
+    parser.add_argument("--model", default=env("MODEL", model_default), help="HF model folder [MINEDRAFT_MODEL]")
+    parser.add_argument("--host", default=env("HOST", "127.0.0.1"), help="bind address [MINEDRAFT_HOST]")
+    parser.add_argument("--port", type=int, default=int(env("PORT", port_default)),
+                        help="control-plane gRPC port [MINEDRAFT_PORT]")
+    parser.add_argument("--device", default=env("DEVICE", "cpu"), help="torch device [MINEDRAFT_DEVICE]")
+    parser.add_argument("--dtype", default=env("DTYPE", "float32"), help="weight dtype [MINEDRAFT_DTYPE]")
+    parser.add_argument("--num-blocks", type=int, default=int(env("NUM_BLOCKS", "4096")),
+                        help="KV cache blocks [MINEDRAFT_NUM_BLOCKS]")
+    parser.add_argument("--block-size", type=int, default=int(env("BLOCK_SIZE", "16")),
+                        help="tokens per KV block [MINEDRAFT_BLOCK_SIZE]")
+    parser.add_argument("--threads", type=int, default=int(env("THREADS", "0")),
+                        help="torch CPU threads, 0 = torch default [MINEDRAFT_THREADS]")
+    if role == "target":
+        parser.add_argument("--data-port", type=int, default=int(env("DATA_PORT", "0")),
+                            help="data-plane rendezvous port, 0 = any free [MINEDRAFT_DATA_PORT]")

@@ -1,0 +1,162 @@
+"""End to end through the three real processes (loopback, CPU, gloo)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from minedraft.cli.stack import LocalStack, StackConfig, free_port
+from minedraft.engine.sampling import SamplingParams
+from minedraft.proto import control_pb2, control_pb2_grpc, generation_pb2, generation_pb2_grpc
+from tests.conftest import engine_from_folders
+
+NUM_BLOCKS = 1024
+
+
+@pytest.fixture(scope="module")
+def stack(random_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory):
+    target, draft = random_pair
+    cfg = StackConfig(target=str(target), draft=str(draft), grpc_port=free_port(), http_port=free_port(), k=3,
+                      num_blocks=NUM_BLOCKS, log_dir=tmp_path_factory.mktemp("logs"))
+    s = LocalStack(cfg)
+    s.start(timeout=120)
+    yield s
+    s.stop()
+
+
+def reference(random_pair, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
+    """What `minedraft generate --mode ar` gives: the in-process engine, greedy."""
+    engine = engine_from_folders(random_pair[0], None, "ar", block_size=16, num_blocks=1024)
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in max_tokens]
+    return [r.output_ids for r in engine.generate(prompts, params)]
+
+
+def health(stack: LocalStack) -> dict:
+    return httpx.get(f"http://127.0.0.1:{stack.cfg.http_port}/health", timeout=5).json()
+
+
+async def grpc_stream(stack: LocalStack, prompt: list[int], max_tokens: int, delay: float) -> list[int]:
+    await asyncio.sleep(delay)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.cfg.grpc_port}") as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        request = generation_pb2.GenerateRequest(
+            token_ids=generation_pb2.TokenIds(ids=prompt),
+            sampling=generation_pb2.SamplingParameters(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        )
+        tokens: list[int] = []
+        async for chunk in stub.GenerateStream(request, timeout=240):
+            tokens.extend(chunk.token_ids)
+        return tokens
+
+
+async def http_stream(stack: LocalStack, prompt: list[int], max_tokens: int, delay: float) -> list[int]:
+    """Streamed completion; token ids come back as `w<id>` words from the word-level tokenizer."""
+    await asyncio.sleep(delay)
+    body = {"model": "target", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    text = ""
+    async with httpx.AsyncClient(timeout=240) as client, client.stream(
+        "POST", f"http://127.0.0.1:{stack.cfg.http_port}/v1/completions", json=body
+    ) as resp:
+        assert resp.status_code == 200
+        async for line in resp.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text += json.loads(line[6:])["choices"][0]["text"]
+    return [int(w[1:]) for w in text.split()]
+
+
+def test_32_concurrent_streaming_clients_get_exact_greedy_tokens(stack, random_pair) -> None:
+    prompts = [[(7 * i + j) % 90 + 2 for j in range(3 + i % 9)] for i in range(32)]
+    max_tokens = [8 + (i * 5) % 33 for i in range(32)]
+    expected = reference(random_pair, prompts, max_tokens)
+    before = health(stack)["steps_by_kind"]
+
+    async def run_all() -> list[list[int]]:
+        calls = [
+            (grpc_stream if i % 2 else http_stream)(stack, p, m, delay=0.05 * (i % 8))
+            for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=True))
+        ]
+        return await asyncio.gather(*calls)
+
+    got = asyncio.run(run_all())
+    assert got == expected
+    after = health(stack)["steps_by_kind"]
+    assert after["psd"] > before["psd"], "both batches should have been busy at once"
+
+
+def test_single_request_runs_standard_sd(stack, random_pair) -> None:
+    before = health(stack)["steps_by_kind"]
+    got = asyncio.run(grpc_stream(stack, [5, 6, 7], 20, 0))
+    assert got == reference(random_pair, [[5, 6, 7]], [20])[0]
+    after = health(stack)["steps_by_kind"]
+    assert after["psd"] == before["psd"] and after["sd"] > before["sd"]
+
+
+def worker_info(port: int) -> control_pb2.WorkerInfo:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return control_pb2_grpc.WorkerStub(channel).Info(control_pb2.InfoRequest(), timeout=5)
+
+
+def wait_for(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)
+
+
+def test_cancel_mid_stream_frees_kv_blocks_on_both_workers(stack) -> None:
+    async def cancel_after_two_chunks() -> int:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.cfg.grpc_port}") as channel:
+            stub = generation_pb2_grpc.GenerationStub(channel)
+            request = generation_pb2.GenerateRequest(
+                token_ids=generation_pb2.TokenIds(ids=list(range(2, 60))),
+                sampling=generation_pb2.SamplingParameters(max_tokens=150, temperature=0.0, ignore_eos=True),
+            )
+            call = stub.GenerateStream(request)
+            seen = 0
+            async for _ in call:
+                seen += 1
+                if seen == 2:
+                    call.cancel()
+                    break
+            return seen
+
+    assert asyncio.run(cancel_after_two_chunks()) == 2
+    for port in (stack.target_port, stack.draft_port):
+        wait_for(lambda port=port: worker_info(port).free_blocks == NUM_BLOCKS)
+        assert worker_info(port).sequences == 0
+    assert health(stack)["running"] == 0
+
+
+def test_draft_loss_falls_back_to_ar_and_recovers(stack, random_pair) -> None:
+    prompts = [[3 + i, 4, 5 + i, 9] for i in range(6)]
+    expected = reference(random_pair, prompts, [120] * 6)
+
+    async def run_with_kill() -> list[list[int]]:
+        tasks = [asyncio.create_task(grpc_stream(stack, p, 120, 0)) for p in prompts]
+        while health(stack)["step"] < 12:
+            await asyncio.sleep(0.05)
+        stack.kill("draft")
+        return await asyncio.gather(*tasks)
+
+    got = asyncio.run(run_with_kill())
+    assert got == expected
+    status = health(stack)
+    assert status["fallbacks"] >= 1 and status["steps_by_kind"]["ar"] > 0
+    stack.start_draft()
+    wait_for(lambda: health(stack)["draft_connected"], timeout=60)
+    before = health(stack)["steps_by_kind"]
+
+    async def rerun() -> list[list[int]]:
+        return await asyncio.gather(*[grpc_stream(stack, p, 30, 0) for p in prompts])
+
+    again = asyncio.run(rerun())
+    assert again == [e[:30] for e in expected]
+    after = health(stack)["steps_by_kind"]
+    assert after["psd"] > before["psd"]
