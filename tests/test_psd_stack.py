@@ -160,3 +160,28 @@ def test_draft_loss_falls_back_to_ar_and_recovers(stack, random_pair) -> None:
     assert again == [e[:30] for e in expected]
     after = health(stack)["steps_by_kind"]
     assert after["psd"] > before["psd"]
+
+
+def test_openai_client_against_the_stack(stack) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{stack.cfg.http_port}/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    done = client.completions.create(model=model, prompt="w5 w6 w7", max_tokens=6, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 6
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model=model, prompt="w5 w6 w7", max_tokens=6, temperature=0,
+                                           stream=True, extra_body={"ignore_eos": True})
+    )
+    assert streamed == done.choices[0].text
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "w9 w10"}],
+                                          max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens == 5
+    pieces = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "w9 w10"}],
+                                            max_tokens=5, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].delta.content or "" for c in pieces) == chat.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=model, prompt="w1", max_tokens=3, temperature=-1)

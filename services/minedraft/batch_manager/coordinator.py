@@ -84,6 +84,19 @@ class Counters:
     ar_steps: int = 0
     recoveries: int = 0
     records: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=4096))
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def add_timing(self, record: StepRecord) -> None:
+        """Running sums of the step anatomy; clients difference two snapshots."""
+        t = self.timing
+        t["steps"] = t.get("steps", 0) + 1
+        t["wall_ms"] = t.get("wall_ms", 0.0) + record.wall_ms
+        for side, timing in (("verify", record.verify), ("draft", record.draft)):
+            if timing is None:
+                continue
+            for name in ("compute_ms", "recv_wait_ms", "send_ms", "control_ms"):
+                key = f"{side}_{name}"
+                t[key] = t.get(key, 0.0) + getattr(timing, name)
 
 
 def seq_spec(req: Request) -> control_pb2.SeqSpec:
@@ -234,6 +247,8 @@ class Coordinator:
             "reserved_blocks": sum(self.reserved.values()),
             "block_budget": self.block_budget,
             "fallbacks": self.counters.fallbacks,
+            "timing_totals": {k: round(v, 3) for k, v in self.counters.timing.items()},
+            "tokens_total": self.counters.tokens,
             "steps_by_kind": {"psd": self.counters.psd_steps, "sd": self.counters.sd_steps,
                               "ar": self.counters.ar_steps},
             "recoveries": self.counters.recoveries,
@@ -342,6 +357,7 @@ class Coordinator:
         record.wall_ms = (now - self._last_verify_at) * 1000.0 if self._last_verify_at else 0.0
         self._last_verify_at = now
         self.counters.records.append(record)
+        self.counters.add_timing(record)
         self.counters.steps += 1
         drafted = self.config.k if record.with_drafts and not event.data_plane_lost else 0
         self._apply_verdicts(event.verdicts, drafted)

@@ -16,6 +16,7 @@ from minedraft.cli.options import add_model_flags
 from minedraft.engine.engine import EngineConfig, LLMEngine
 from minedraft.engine.loader import parse_dtype
 from minedraft.engine.sampling import SamplingParams
+from minedraft.engine.tokenizer import Tokenizer
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def benchmark_prompts(count: int, tokens: int, engine: LLMEngine) -> list[list[int]]:
+def benchmark_prompts_from_tokenizer(tokenizer: Tokenizer, count: int, tokens: int) -> list[list[int]]:
     """Deterministic code prompts from standard-library modules (present on every machine)."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     names = ["json/decoder.py", "csv.py", "textwrap.py", "heapq.py", "bisect.py", "fractions.py",
@@ -38,7 +39,7 @@ def benchmark_prompts(count: int, tokens: int, engine: LLMEngine) -> list[list[i
     offset = 0
     while len(prompts) < count:
         for name in names:
-            ids = engine.tokenizer.encode((stdlib / name).read_text(encoding="utf-8"))
+            ids = tokenizer.encode((stdlib / name).read_text(encoding="utf-8"))
             start = 200 + offset * tokens
             prompts.append(ids[start : start + tokens])
             if len(prompts) == count:
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     }
     rows = []
     for size in sizes:
-        prompts = benchmark_prompts(size, 32, engines["ar"])
+        prompts = benchmark_prompts_from_tokenizer(engines["ar"].tokenizer, size, 32)
         timed_run(engines["sd"], prompts[:1], 8)  # warm-up
         results: dict[str, list[RunResult]] = {"ar": [], "sd": []}
         for _ in range(args.repeats):

@@ -34,6 +34,8 @@ class StackConfig:
     max_num_seqs: int = 64
     num_blocks: int = 4096
     log_dir: Path | None = None
+    target_cpu: str = ""
+    draft_cpu: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -61,13 +63,13 @@ class LocalStack:
         c = self.cfg
         self._spawn("verifier", ["verifier", "--model", c.target, "--host", "127.0.0.1", "--port",
                                  str(self.target_port), "--device", c.target_device, "--threads", str(c.threads),
-                                 "--num-blocks", str(c.num_blocks)])
+                                 "--num-blocks", str(c.num_blocks), "--cpu", c.target_cpu])
 
     def start_draft(self) -> None:
         c = self.cfg
         self._spawn("draft", ["draft", "--model", c.draft, "--host", "127.0.0.1", "--port", str(self.draft_port),
                               "--device", c.draft_device, "--threads", str(c.threads),
-                              "--num-blocks", str(c.num_blocks)])
+                              "--num-blocks", str(c.num_blocks), "--cpu", c.draft_cpu])
 
     def start_manager(self) -> None:
         c = self.cfg

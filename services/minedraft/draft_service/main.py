@@ -13,7 +13,7 @@ from minedraft.engine.loader import load_model, parse_dtype
 from minedraft.engine.runner import ModelRunner
 from minedraft.verifier.main import wait_for_signal
 from minedraft.worker.server import serve_worker
-from minedraft.worker.settings import add_worker_flags
+from minedraft.worker.settings import add_worker_flags, pin_cpus
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s draft %(levelname)s %(message)s")
+    pin_cpus(args.cpu)
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, args.device, parse_dtype(args.dtype))

@@ -15,7 +15,7 @@ from minedraft.engine.verifier import TargetWorker
 from minedraft.verifier.executor import VerifierExecutor
 from minedraft.worker.data_plane import host_store
 from minedraft.worker.server import serve_worker
-from minedraft.worker.settings import add_worker_flags
+from minedraft.worker.settings import add_worker_flags, pin_cpus
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s verifier %(levelname)s %(message)s")
+    pin_cpus(args.cpu)
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, args.device, parse_dtype(args.dtype))

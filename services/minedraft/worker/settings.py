@@ -27,6 +27,19 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                         help="tokens per KV block [MINEDRAFT_BLOCK_SIZE]")
     parser.add_argument("--threads", type=int, default=int(env("THREADS", "0")),
                         help="torch CPU threads, 0 = torch default [MINEDRAFT_THREADS]")
+    parser.add_argument("--cpu", default=env("CPU", ""),
+                        help="pin this process to these CPU cores, e.g. 0 or 0-3 [MINEDRAFT_CPU]")
     if role == "target":
         parser.add_argument("--data-port", type=int, default=int(env("DATA_PORT", "0")),
                             help="data-plane rendezvous port, 0 = any free [MINEDRAFT_DATA_PORT]")
+
+
+def pin_cpus(spec: str) -> None:
+    """Restrict the process to the given cores ("0", "0,2", "0-3"); used to isolate benchmarks."""
+    if not spec:
+        return
+    cores: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cores.update(range(int(lo), int(hi or lo) + 1))
+    os.sched_setaffinity(0, cores)

@@ -1,0 +1,142 @@
+"""`minedraft bench-psd`: standard SD vs batch-parallel SD through the real three services.
+
+Each configuration gets a fresh local stack (verifier and draft service pinned to their
+own core, one torch thread each) and the same greedy workload; configurations alternate
+over several rounds so machine noise hits all of them alike, and ratios are taken from
+medians measured in this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from minedraft.bundled import TINY_DRAFT, TINY_TARGET
+from minedraft.cli.bench import benchmark_prompts_from_tokenizer
+from minedraft.cli.stack import LocalStack, StackConfig, free_port
+from minedraft.engine.tokenizer import Tokenizer
+from minedraft.proto import generation_pb2, generation_pb2_grpc
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    name: str
+    mode: str
+    concurrency: int
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench-psd", help="standard SD vs PSD through the three services")
+    p.add_argument("--target", default=str(TINY_TARGET))
+    p.add_argument("--draft", default=str(TINY_DRAFT))
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=16, help="total concurrency m (PSD: m/2 + m/2)")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--target-cpu", default="0")
+    p.add_argument("--draft-cpu", default="1")
+    p.add_argument("--json-out", help="write raw results here")
+    p.set_defaults(run=run)
+
+
+def fetch_status(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+        return json.loads(r.read())
+
+
+async def one_request(stub: generation_pb2_grpc.GenerationStub, prompt: list[int], max_tokens: int) -> int:
+    request = generation_pb2.GenerateRequest(
+        token_ids=generation_pb2.TokenIds(ids=prompt),
+        sampling=generation_pb2.SamplingParameters(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+    )
+    count = 0
+    async for chunk in stub.GenerateStream(request, timeout=600):
+        count += len(chunk.token_ids)
+    return count
+
+
+async def run_workload(grpc_port: int, prompts: list[list[int]], max_tokens: int) -> tuple[int, float]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(one_request(stub, p, max_tokens) for p in prompts))
+        return sum(counts), time.perf_counter() - start
+
+
+def delta(after: dict, before: dict) -> dict[str, float]:
+    a, b = after["timing_totals"], before["timing_totals"]
+    steps = a.get("steps", 0) - b.get("steps", 0)
+    out = {key: (a.get(key, 0.0) - b.get(key, 0.0)) / max(steps, 1) for key in a if key != "steps"}
+    out["steps"] = steps
+    out["tokens"] = after["tokens_total"] - before["tokens_total"]
+    out["acceptance"] = after["acceptance_rate"]
+    out["mean_accepted_length"] = after["mean_accepted_length"]
+    return out
+
+
+def measure(args: argparse.Namespace, setup: Setup, prompts: list[list[int]]) -> dict[str, float]:
+    cfg = StackConfig(target=args.target, draft=args.draft, grpc_port=free_port(), http_port=free_port(),
+                      mode=setup.mode, k=args.k, threads=1, max_num_seqs=setup.concurrency,
+                      target_cpu=args.target_cpu, draft_cpu=args.draft_cpu)
+    stack = LocalStack(cfg)
+    try:
+        stack.start()
+        asyncio.run(run_workload(cfg.grpc_port, prompts[:2], 8))  # warm-up
+        before = fetch_status(cfg.http_port)
+        tokens, seconds = asyncio.run(run_workload(cfg.grpc_port, prompts[: setup.concurrency], args.max_tokens))
+        result = delta(fetch_status(cfg.http_port), before)
+    finally:
+        stack.stop()
+    result.update(tokens_per_s=tokens / seconds, seconds=seconds, generated=tokens)
+    return result
+
+
+def summarize(setup: Setup, runs: list[dict[str, float]]) -> dict[str, float | str]:
+    med = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    busiest = max(med.get("verify_compute_ms", 0.0), med.get("draft_compute_ms", 0.0))
+    overhead = med["wall_ms"] - busiest if setup.mode == "psd" else 0.0
+    return {
+        "config": setup.name,
+        "tokens_per_s": round(med["tokens_per_s"], 1),
+        "acceptance": round(med["acceptance"], 3),
+        "tokens_per_seq_step": round(med["mean_accepted_length"], 2),
+        "step_ms": round(med["wall_ms"], 2),
+        "draft_ms": round(med.get("draft_compute_ms", 0.0), 2),
+        "verify_ms": round(med.get("verify_compute_ms", 0.0), 2),
+        "step_over_max": round(med["wall_ms"] / busiest, 3) if busiest else 0.0,
+        "data_plane_ms": round(med.get("verify_send_ms", 0.0) + med.get("draft_send_ms", 0.0), 3),
+        "control_ms": round(med.get("verify_control_ms", 0.0) + med.get("draft_control_ms", 0.0), 3),
+        "overhead_share": round(overhead / med["wall_ms"], 3) if med["wall_ms"] else 0.0,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    m = args.concurrency
+    setups = [Setup(f"SD m={m}", "sd", m), Setup(f"PSD m/2+m/2={m}", "psd", m), Setup(f"PSD m+m={2 * m}", "psd", 2 * m)]
+    prompts = benchmark_prompts_from_tokenizer(Tokenizer(args.target), 2 * m, 32)
+    raw: dict[str, list[dict[str, float]]] = {s.name: [] for s in setups}
+    for _ in range(args.rounds):
+        for setup in setups:
+            raw[setup.name].append(measure(args, setup, prompts))
+    rows = [summarize(s, raw[s.name]) for s in setups]
+    base = rows[0]["tokens_per_s"]
+    print(f"k={args.k}, max_tokens={args.max_tokens}, verifier on CPU {args.target_cpu}, draft on CPU "
+          f"{args.draft_cpu}, one torch thread each; medians of {args.rounds} alternating rounds")
+    print("| config | tok/s | vs SD | acceptance | tokens/seq-step | step ms | draft ms | verify ms | "
+          "step/max(d,v) | data-plane ms | control ms | PSD overhead share |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['config']} | {r['tokens_per_s']} | {r['tokens_per_s'] / base:.2f}x | {r['acceptance']} | "
+              f"{r['tokens_per_seq_step']} | {r['step_ms']} | {r['draft_ms']} | {r['verify_ms']} | "
+              f"{r['step_over_max']} | {r['data_plane_ms']} | {r['control_ms']} | {r['overhead_share']} |")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"rows": rows, "raw": raw}, indent=2))
+    return 0

@@ -1,0 +1,71 @@
+"""Two-batch bookkeeping: consistent plans, load balancing, rebalancing after skew."""
+
+from __future__ import annotations
+
+from minedraft.batch_manager.scheduler import TwoBatchScheduler
+
+
+def run_steps(sched: TwoBatchScheduler, first: int, count: int, drafted: dict[int, int]) -> None:
+    """Plan steps and check the invariant: everything verified at t drafted at t-1."""
+    for step in range(first, first + count):
+        plan = sched.plan(step, with_drafts=True)
+        assert not set(plan.draft) & set(plan.verify)
+        for seq in plan.verify:
+            assert drafted.get(seq) == step - 1, f"seq {seq} verified at {step} without drafting at {step - 1}"
+        for seq in plan.draft:
+            drafted[seq] = step
+
+
+def test_new_sequences_alternate_between_batches_and_steps_alternate_roles() -> None:
+    sched = TwoBatchScheduler(two_batches=True)
+    for i in range(4):
+        sched.add(i, context=10, tokens_to_go=50)
+    assert sched.batch_sizes() == (2, 2)
+    plans = [sched.plan(step, True) for step in range(4)]
+    assert plans[0].draft == [0, 2] and plans[0].verify == []
+    assert plans[1].draft == [1, 3] and plans[1].verify == [0, 2]
+    assert plans[2].draft == [0, 2] and plans[2].verify == [1, 3]
+    assert plans[3].draft == [1, 3] and plans[3].verify == [0, 2]
+
+
+def test_balance_is_by_load_not_count() -> None:
+    sched = TwoBatchScheduler(two_batches=True)
+    sched.add(0, context=2048, tokens_to_go=10)  # one long-context sequence weighs like five short ones
+    assert [sched.add(i, context=16, tokens_to_go=10) for i in range(1, 5)] == [1, 1, 1, 1]
+    assert sched.batch_sizes() == (1, 4)
+
+
+def test_finishes_that_skew_the_batches_are_rebalanced_without_breaking_plans() -> None:
+    sched = TwoBatchScheduler(two_batches=True)
+    for i in range(8):
+        sched.add(i, context=32, tokens_to_go=100)
+    drafted: dict[int, int] = {}
+    run_steps(sched, 0, 3, drafted)
+    for seq in (0, 2, 4, 6):  # all of batch 0 finishes
+        sched.remove(seq)
+    assert sched.batch_sizes() == (0, 4)
+    moved: list[int] = []
+    for step in range(3, 9):
+        moved += sched.rebalance()
+        run_steps(sched, step, 1, drafted)
+    assert sched.batch_sizes() == (2, 2)
+    assert len(moved) == 2
+
+
+def test_single_batch_mode_is_sequential_sd() -> None:
+    sched = TwoBatchScheduler(two_batches=False)
+    for i in range(3):
+        sched.add(i, context=8, tokens_to_go=10)
+    assert sched.rebalance() == []
+    plans = [sched.plan(step, True) for step in range(4)]
+    assert [(p.draft, p.verify) for p in plans] == [([0, 1, 2], []), ([], [0, 1, 2])] * 2
+
+
+def test_without_drafts_everything_is_verified_every_step_and_drafting_restarts_cleanly() -> None:
+    sched = TwoBatchScheduler(two_batches=True)
+    for i in range(4):
+        sched.add(i, context=8, tokens_to_go=10)
+    sched.plan(0, True)
+    assert sched.plan(1, with_drafts=False).verify == [0, 1, 2, 3]
+    drafted: dict[int, int] = {}
+    run_steps(sched, 2, 4, drafted)
