@@ -29,18 +29,19 @@ class DraftWorker(Worker):
         feed = [st.uncached() for st in states]
         starts = [st.cached for st in states]
         tokens: list[torch.Tensor] = []
-        probs: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []  # stays empty for an all-greedy batch
         for i in range(k):
             logits = self.runner.forward(seq_ids, feed, starts, last_n=1)
             token, prob = sample_tokens(logits, sampling, (lengths + i).unsqueeze(1), STREAM_DRAFT)
             tokens.append(token[:, 0])
-            probs.append(prob[:, 0])
+            if prob is not None:
+                probs.append(prob[:, 0])
             starts = [st.length + i for st in states]
             feed = [[t] for t in token[:, 0].tolist()]
         for st in states:
             st.cached = st.length + k - 1
         draft_tokens = torch.stack(tokens, dim=1)
-        draft_probs = None if sampling.all_greedy else torch.stack(probs, dim=1)
+        draft_probs = torch.stack(probs, dim=1) if probs else None
         return Proposal(draft_tokens, draft_probs)
 
     def commit(self, seq_id: int, new_tokens: list[int], accepted: int) -> None:

@@ -66,12 +66,19 @@ class SamplingParams:
 
 @dataclass(slots=True)
 class BatchSampling:
-    """Sampling parameters of a batch as tensors, one row per sequence."""
+    """Sampling parameters of a batch as tensors, one row per sequence.
+
+    The batch-wide flags are computed from the Python parameters, so choosing a code path
+    never reads a device tensor back (no host synchronisation inside a step).
+    """
 
     temperature: torch.Tensor  # [B] float; 0 means greedy
     top_k: torch.Tensor  # [B] long; 0 disables
     top_p: torch.Tensor  # [B] float
     seed: torch.Tensor  # [B] long
+    all_greedy: bool = False
+    any_top_k: bool = False
+    any_top_p: bool = False
 
     @classmethod
     def from_params(cls, params: list[SamplingParams], device: torch.device | str = "cpu") -> BatchSampling:
@@ -80,18 +87,14 @@ class BatchSampling:
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
             seed=torch.tensor([p.resolved_seed() for p in params], dtype=torch.long, device=device),
+            all_greedy=all(p.greedy for p in params),
+            any_top_k=any(p.top_k > 0 and not p.greedy for p in params),
+            any_top_p=any(p.top_p < 1.0 and not p.greedy for p in params),
         )
 
     @property
     def greedy(self) -> torch.Tensor:
         return self.temperature == 0
-
-    @property
-    def all_greedy(self) -> bool:
-        return bool(self.greedy.all())
-
-    def select(self, rows: torch.Tensor) -> BatchSampling:
-        return BatchSampling(self.temperature[rows], self.top_k[rows], self.top_p[rows], self.seed[rows])
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -131,8 +134,8 @@ def processed_probs(logits: torch.Tensor, sampling: BatchSampling) -> torch.Tens
     temp = torch.where(sampling.greedy, torch.ones_like(sampling.temperature), sampling.temperature)
     logits = logits / temp.view(-1, 1, 1)
     vocab = logits.shape[-1]
-    needs_top_k = bool(((sampling.top_k > 0) & (sampling.top_k < vocab)).any())
-    needs_top_p = bool((sampling.top_p < 1.0).any())
+    needs_top_k = sampling.any_top_k
+    needs_top_p = sampling.any_top_p
     if needs_top_k or needs_top_p:
         sorted_logits, _ = logits.sort(dim=-1, descending=True)
         if needs_top_k:
@@ -161,11 +164,12 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def sample_tokens(
     logits: torch.Tensor, sampling: BatchSampling, positions: torch.Tensor, stream: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample (or argmax for greedy rows) from logits [B, T, V]; returns tokens [B, T] and probs."""
-    probs = processed_probs(logits, sampling)
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sample (or argmax for greedy rows) from logits [B, T, V]; returns tokens [B, T] and the
+    processed probabilities (None when the whole batch is greedy: nothing needs them)."""
     greedy_tokens = logits.argmax(dim=-1)
     if sampling.all_greedy:
-        return greedy_tokens, probs
+        return greedy_tokens, None
+    probs = processed_probs(logits, sampling)
     drawn = sample_from(probs, uniforms(sampling.seed, positions, stream))
     return torch.where(sampling.greedy.view(-1, 1), greedy_tokens, drawn), probs

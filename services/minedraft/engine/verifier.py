@@ -31,7 +31,7 @@ class TargetWorker(Worker):
         sampling = self.sampling(seq_ids)
         lengths = torch.tensor([st.length for st in states], dtype=torch.long, device=device)
         positions = lengths.unsqueeze(1) + torch.arange(k + 1, device=device)
-        target_probs = processed_probs(logits, sampling)
+        target_probs = logits if sampling.all_greedy else processed_probs(logits, sampling)
         if draft_probs is not None:
             draft_probs = draft_probs.to(device)
         verdict = verify_drafts(drafts, draft_probs, target_probs, logits, sampling, positions)
