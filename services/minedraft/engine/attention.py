@@ -20,53 +20,74 @@ class AttentionMetadata:
 
     positions: torch.Tensor  # [B, Q] absolute position of each query token (pad: 0)
     slot_mapping: torch.Tensor  # [B, Q] flat KV slot to write (pad: -1)
-    kv_gather: torch.Tensor  # [B, L] flat KV slot of each key position 0..L-1
-    key_mask: torch.Tensor  # [B, 1, Q, L] True where the query may attend the key
+    block_tables: torch.Tensor  # [B, max_blocks]
+    starts: torch.Tensor  # [B] position of each row's first query token
+    query_lens: torch.Tensor  # [B] valid query tokens per row
+    sliding_window: int | None = None
+    backend: str = "torch"  # "torch" (reference, any device) or "triton" (CUDA kernels)
+    kv_gather: torch.Tensor | None = None  # torch backend: [B, L] flat KV slot of key positions 0..L-1
+    key_mask: torch.Tensor | None = None  # torch backend: [B, 1, Q, L] True where the query may attend
 
 
 def build_metadata(
-    positions: torch.Tensor,
+    starts: torch.Tensor,
     query_lens: torch.Tensor,
+    width: int,
     block_tables: torch.Tensor,
     block_size: int,
     sliding_window: int | None = None,
+    backend: str = "torch",
 ) -> AttentionMetadata:
-    """Derive slot mapping, key gather indices and causal masks for one forward.
+    """Derive positions and slot mapping (and, for the torch backend, key gathers and masks).
 
-    positions: [B, Q] positions of the new tokens; query_lens: [B] valid tokens per row;
-    block_tables: [B, max_blocks] physical block ids (padding entries are never read).
+    starts/query_lens: [B]; block_tables: [B, max_blocks] physical block ids (padding entries
+    are never read). The triton backend path does no host synchronisation, so it can run
+    inside a captured CUDA graph.
     """
-    batch, width = positions.shape
-    device = positions.device
-    valid_q = torch.arange(width, device=device).unsqueeze(0) < query_lens.unsqueeze(1)
+    device = starts.device
+    offsets = torch.arange(width, device=device).unsqueeze(0)
+    valid_q = offsets < query_lens.unsqueeze(1)
+    positions = torch.where(valid_q, starts.unsqueeze(1) + offsets, 0)
     blocks = torch.gather(block_tables, 1, (positions // block_size).clamp(max=block_tables.shape[1] - 1))
     slots = blocks * block_size + positions % block_size
     slot_mapping = torch.where(valid_q, slots, torch.full_like(slots, -1))
+    meta = AttentionMetadata(positions, slot_mapping, block_tables, starts, query_lens, sliding_window, backend)
+    if backend == "torch":
+        meta.kv_gather, meta.key_mask = _reference_masks(positions, valid_q, block_tables, block_size, sliding_window)
+    return meta
 
+
+def _reference_masks(
+    positions: torch.Tensor,
+    valid_q: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    sliding_window: int | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     context_lens = torch.where(valid_q, positions + 1, torch.zeros_like(positions)).amax(dim=1)
-    max_len = int(context_lens.max().item()) if batch else 0
-    key_pos = torch.arange(max_len, device=device)
+    max_len = int(context_lens.max().item()) if positions.shape[0] else 0
+    key_pos = torch.arange(max_len, device=positions.device)
     kv_blocks = block_tables[:, (key_pos // block_size).clamp(max=block_tables.shape[1] - 1)]
     kv_gather = kv_blocks * block_size + key_pos % block_size
-
     visible = key_pos.view(1, 1, -1) <= positions.unsqueeze(-1)
     if sliding_window is not None:
         visible &= key_pos.view(1, 1, -1) > positions.unsqueeze(-1) - sliding_window
     visible &= valid_q.unsqueeze(-1)
     # Padded query rows see key 0 so their softmax stays finite; their outputs are ignored.
     visible[..., 0] |= ~valid_q
-    return AttentionMetadata(
-        positions=positions,
-        slot_mapping=slot_mapping,
-        kv_gather=kv_gather,
-        key_mask=visible.unsqueeze(1),
-    )
+    return kv_gather, visible.unsqueeze(1)
 
 
 def write_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
 ) -> None:
     """Store this step's keys/values ([B, Q, Hkv, D]) into their paged slots."""
+    slot_mapping = meta.slot_mapping
+    if meta.backend == "triton":
+        from minedraft.engine.cuda.paged_attention import write_kv_triton
+
+        write_kv_triton(k_cache, v_cache, k, v, slot_mapping)
+        return
     flat_slots = slot_mapping.reshape(-1)
     keep = flat_slots >= 0
     idx = flat_slots[keep]
@@ -83,7 +104,13 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """Reference attention: q [B, Q, H, D] against paged keys/values -> [B, Q, H, D]."""
+    """Attention of q [B, Q, H, D] against paged keys/values -> [B, Q, H, D]."""
+    if meta.backend == "triton":
+        from minedraft.engine.cuda.paged_attention import paged_attention_triton
+
+        return paged_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.starts, meta.query_lens, scale,
+                                      meta.sliding_window)
+    assert meta.kv_gather is not None and meta.key_mask is not None
     batch, width, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads

@@ -27,17 +27,17 @@ class DraftWorker(Worker):
         sampling = self.sampling(seq_ids)
         lengths = torch.tensor([st.length for st in states], dtype=torch.long, device=self.runner.device)
         feed = [st.uncached() for st in states]
-        starts = [st.cached for st in states]
+        logits = self.runner.forward(seq_ids, feed, [st.cached for st in states], last_n=1)
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []  # stays empty for an all-greedy batch
         for i in range(k):
-            logits = self.runner.forward(seq_ids, feed, starts, last_n=1)
             token, prob = sample_tokens(logits, sampling, (lengths + i).unsqueeze(1), STREAM_DRAFT)
             tokens.append(token[:, 0])
             if prob is not None:
                 probs.append(prob[:, 0])
-            starts = [st.length + i for st in states]
-            feed = [[t] for t in token[:, 0].tolist()]
+            if i + 1 < k:  # the next token stays on the device: no host round trip between draft steps
+                starts = [st.length + i for st in states]
+                logits = self.runner.forward_ids(seq_ids, token, starts, [1] * len(states), last_n=1)
         for st in states:
             st.cached = st.length + k - 1
         draft_tokens = torch.stack(tokens, dim=1)

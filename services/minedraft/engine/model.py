@@ -45,7 +45,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos_sin
         q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
-        write_kv(kv[0], kv[1], k, v, meta.slot_mapping)
+        write_kv(kv[0], kv[1], k, v, meta)
         out = paged_attention(q, kv[0], kv[1], meta, self.scale)
         return self.o_proj(out.reshape(batch, width, -1))
 

@@ -4,7 +4,8 @@ The runner owns the model and its paged KV cache. A forward call says, per seque
 which tokens to feed and at which position the first of them sits; the runner grows
 block tables, builds the attention metadata, and returns logits for the last positions
 asked for. Prefill chunks, single-token decodes and k+1-token verify windows share
-this one path.
+this one path. On CUDA, attention runs in Triton kernels and fixed-width steps (draft
+decode, verify windows) replay CUDA graphs captured at bucketed batch sizes.
 """
 
 from __future__ import annotations
@@ -12,8 +13,19 @@ from __future__ import annotations
 import torch
 
 from minedraft.engine.attention import build_metadata
-from minedraft.engine.kv_cache import KVCache
+from minedraft.engine.cuda_graphs import GraphCache
+from minedraft.engine.kv_cache import BlockAllocator, KVCache
 from minedraft.engine.model import CausalLM
+
+
+def attention_backend(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "torch"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "torch"
+    return "triton"
 
 
 class ModelRunner:
@@ -26,47 +38,66 @@ class ModelRunner:
         block_size: int = 16,
         device: torch.device | str = "cpu",
         kv_dtype: torch.dtype | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         self.model = model
         self.config = model.config
         self.device = torch.device(device)
         dtype = kv_dtype or next(model.parameters()).dtype
         self.cache = KVCache(model.config, num_blocks, block_size, self.device, dtype)
+        self.backend = attention_backend(self.device)
+        self.max_blocks_per_seq = -(-(self.config.max_position_embeddings + 64) // block_size)
+        self.graphs = GraphCache(self) if cuda_graphs and self.backend == "triton" else None
 
     @property
-    def allocator(self):
+    def allocator(self) -> BlockAllocator:
         return self.cache.allocator
 
-    @torch.inference_mode()
-    def forward(
-        self, seq_ids: list[int], tokens: list[list[int]], starts: list[int], last_n: int
-    ) -> torch.Tensor:
+    def forward(self, seq_ids: list[int], tokens: list[list[int]], starts: list[int], last_n: int) -> torch.Tensor:
         """Feed tokens[b] at positions starts[b].. and return logits [B, last_n, V].
 
         Row b's logits are those of its last `last_n` fed tokens; rows that fed fewer
         repeat their first position (callers never read those).
         """
-        for seq_id, toks, start in zip(seq_ids, tokens, starts, strict=True):
-            self.cache.allocator.ensure(seq_id, start + len(toks))
         lens = [len(t) for t in tokens]
-        width = max(lens)
-        ids = torch.zeros((len(tokens), width), dtype=torch.long)
+        ids = torch.zeros((len(tokens), max(lens)), dtype=torch.long)
         for row, toks in enumerate(tokens):
             ids[row, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-        ids = ids.to(self.device)
-        query_lens = torch.tensor(lens, dtype=torch.long, device=self.device)
-        start_t = torch.tensor(starts, dtype=torch.long, device=self.device)
-        offsets = torch.arange(width, device=self.device).unsqueeze(0)
-        positions = torch.where(offsets < query_lens.unsqueeze(1), start_t.unsqueeze(1) + offsets, 0)
-        meta = build_metadata(
-            positions,
-            query_lens,
-            self.cache.block_table_tensor(seq_ids, self.device),
-            self.cache.block_size,
-            self.config.sliding_window,
+        return self.forward_ids(seq_ids, ids.to(self.device, non_blocking=True), starts, lens, last_n)
+
+    def forward_ids(
+        self, seq_ids: list[int], ids: torch.Tensor, starts: list[int], query_lens: list[int], last_n: int
+    ) -> torch.Tensor:
+        """Like `forward`, with the token ids already a [B, Q] tensor on the device."""
+        for seq_id, start, n in zip(seq_ids, starts, query_lens, strict=True):
+            self.cache.allocator.ensure(seq_id, start + n)
+        tables = self.cache.block_table_tensor(seq_ids, "cpu")
+        start_t = torch.tensor(starts, dtype=torch.long)
+        lens_t = torch.tensor(query_lens, dtype=torch.long)
+        if self.graphs is not None and self.graphs.can_replay(len(seq_ids), ids.shape[1], last_n, tables.shape[1]):
+            return self.graphs.replay(ids, start_t, lens_t, tables, last_n)
+        return self.run(
+            ids,
+            start_t.to(self.device, non_blocking=True),
+            lens_t.to(self.device, non_blocking=True),
+            tables.to(self.device, non_blocking=True),
+            last_n,
         )
+
+    @torch.inference_mode()
+    def run(
+        self,
+        ids: torch.Tensor,
+        starts: torch.Tensor,
+        query_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        last_n: int,
+    ) -> torch.Tensor:
+        """The model step on device tensors only (what a CUDA graph captures)."""
+        meta = build_metadata(starts, query_lens, ids.shape[1], block_tables, self.cache.block_size,
+                              self.config.sliding_window, self.backend)
         hidden = self.model(ids, meta, self.cache.layers)
-        pick = (query_lens.unsqueeze(1) - last_n + torch.arange(last_n, device=self.device)).clamp(min=0)
+        pick = (query_lens.unsqueeze(1) - last_n + torch.arange(last_n, device=ids.device)).clamp(min=0)
         chosen = hidden.gather(1, pick.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
         return self.model.logits(chosen)
 

@@ -25,9 +25,7 @@ class TargetWorker(Worker):
         else:
             drafts, draft_probs = proposal.tokens.to(device), proposal.probs
         k = drafts.shape[1]
-        draft_lists = drafts.tolist()
-        feed = [st.uncached() + d for st, d in zip(states, draft_lists, strict=True)]
-        logits = self.runner.forward(seq_ids, feed, [st.cached for st in states], last_n=k + 1)
+        logits = self._score(states, drafts)
         sampling = self.sampling(seq_ids)
         lengths = torch.tensor([st.length for st in states], dtype=torch.long, device=device)
         positions = lengths.unsqueeze(1) + torch.arange(k + 1, device=device)
@@ -40,3 +38,15 @@ class TargetWorker(Worker):
             st.tokens.extend(row[: accepted + 1])
             self.runner.truncate(st.seq_id, st.cached)
         return verdict
+
+    def _score(self, states: list, drafts: torch.Tensor) -> torch.Tensor:
+        """Target logits [B, k+1, V] for the last committed token and the k drafts of each row."""
+        k = drafts.shape[1]
+        seq_ids = [st.seq_id for st in states]
+        starts = [st.cached for st in states]
+        if all(st.length - st.cached == 1 for st in states):  # steady state: stay on the device
+            last = torch.tensor([st.tokens[-1] for st in states], dtype=torch.long).to(self.runner.device)
+            ids = torch.cat((last.unsqueeze(1), drafts), dim=1)
+            return self.runner.forward_ids(seq_ids, ids, starts, [k + 1] * len(states), last_n=k + 1)
+        feed = [st.uncached() + d for st, d in zip(states, drafts.tolist(), strict=True)]
+        return self.runner.forward(seq_ids, feed, starts, last_n=k + 1)

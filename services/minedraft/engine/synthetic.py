@@ -1,0 +1,93 @@
+"""Synthetic target/draft pairs with real model shapes and a controlled agreement.
+
+No pretrained weights can be downloaded onto the benchmark machines, so the pair is built:
+the draft is the target's embedding, first `draft_layers` layers, final norm and head
+(its own copy); in the target's remaining layers the residual output projections
+(o_proj, down_proj) are multiplied by `alpha`. With alpha = 0 the two models compute the
+same function (acceptance 1); larger alpha lets the deep layers move the target's
+predictions away from the draft's, lowering acceptance. Every tensor is drawn from its
+own generator seeded by (seed, tensor name), so the draft service and the verifier build
+identical shared weights in separate processes without exchanging them.
+
+Spec strings (accepted wherever a model folder is): `synthetic:<shape>:<role>[:alpha=A][:draft_layers=L]`,
+e.g. `synthetic:llama3-8b:target:alpha=0.3`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import replace
+
+import torch
+
+from minedraft.engine.config import ModelConfig, RopeConfig
+from minedraft.engine.errors import ModelLoadError
+from minedraft.engine.layers import rope_inverse_frequencies
+from minedraft.engine.model import CausalLM
+
+SHAPES: dict[str, ModelConfig] = {
+    "llama3-8b": ModelConfig(
+        family="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+        num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, max_position_embeddings=8192,
+        tie_word_embeddings=False, qkv_bias=False, qk_norm=False, rope=RopeConfig(theta=500000.0),
+        eos_token_ids=(128001,),
+    ),
+    "tiny": ModelConfig(
+        family="llama", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4,
+        num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5, max_position_embeddings=2048, tie_word_embeddings=False,
+        qkv_bias=False, qk_norm=False,
+    ),
+}
+
+
+def parse_spec(spec: str) -> tuple[str, str, float, int]:
+    parts = spec.split(":")
+    if len(parts) < 3 or parts[0] != "synthetic" or parts[1] not in SHAPES or parts[2] not in ("target", "draft"):
+        raise ModelLoadError(
+            f"bad synthetic model spec {spec!r}; expected synthetic:<{'|'.join(SHAPES)}>:<target|draft>[:alpha=A]"
+            "[:draft_layers=L]"
+        )
+    options = dict(p.split("=", 1) for p in parts[3:])
+    return parts[1], parts[2], float(options.get("alpha", 0.3)), int(options.get("draft_layers", 2))
+
+
+def is_synthetic(spec: str) -> bool:
+    return str(spec).startswith("synthetic:")
+
+
+def _seeded_normal(shape: tuple[int, ...], name: str, seed: int, std: float, device, dtype) -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
+
+
+def _layer_index(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[2]) if len(parts) > 2 and parts[1] == "layers" else None
+
+
+def build_synthetic(
+    spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, seed: int = 0
+) -> CausalLM:
+    shape, role, alpha, draft_layers = parse_spec(spec)
+    cfg = SHAPES[shape]
+    if role == "draft":
+        cfg = replace(cfg, num_layers=draft_layers)
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    model.model.rotary.inv_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope).to(device)
+    hidden_std = cfg.hidden_size**-0.5
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+                continue
+            std = hidden_std if param.shape[-1] == cfg.hidden_size else param.shape[-1] ** -0.5
+            if name == "model.embed_tokens.weight":
+                std = 1.0
+            value = _seeded_normal(tuple(param.shape), name, seed, std, device, dtype)
+            layer = _layer_index(name)
+            if layer is not None and layer >= draft_layers and name.endswith(("o_proj.weight", "down_proj.weight")):
+                value = value * alpha
+            param.copy_(value)
+    return model.eval()
