@@ -185,3 +185,26 @@ def test_openai_client_against_the_stack(stack) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in pieces) == chat.choices[0].message.content
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.completions.create(model=model, prompt="w1", max_tokens=3, temperature=-1)
+
+
+def test_live_policy_changes_mid_generation_keep_every_token(stack, random_pair) -> None:
+    prompts = [[11 + i, 12, 13 + i] for i in range(6)]
+    expected = reference(random_pair, prompts, [90] * 6)
+    url = f"http://127.0.0.1:{stack.cfg.http_port}/admin/policy"
+
+    async def run_with_switches() -> list[list[int]]:
+        tasks = [asyncio.create_task(grpc_stream(stack, p, 90, 0)) for p in prompts]
+        async with httpx.AsyncClient(timeout=60) as client:
+            for policy in ({"mode": "sd"}, {"mode": "ar"}, {"mode": "psd", "k": 2}, {"mode": "auto", "k": 3}):
+                start = health(stack)["step"]
+                while health(stack)["step"] < start + 4 and not all(t.done() for t in tasks):
+                    await asyncio.sleep(0.02)
+                resp = await client.put(url, json=policy)
+                assert resp.status_code == 200, resp.text
+        return await asyncio.gather(*tasks)
+
+    assert asyncio.run(run_with_switches()) == expected
+    bad = httpx.put(url, json={"mode": "turbo"}, timeout=10)
+    assert bad.status_code == 400 and "mode" in bad.text
+    final = httpx.put(url, json={"mode": "psd", "k": 3}, timeout=10)
+    assert final.json() == {"mode": "psd", "k": 3, "max_num_seqs": 64}

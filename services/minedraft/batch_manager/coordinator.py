@@ -309,7 +309,9 @@ class Coordinator:
             "verify_batch": batches.verify,
             "k": self.config.k,
             "with_drafts": with_drafts,
-            "send_verdict": with_drafts,
+            # Verdicts go to a connected draft service even in AR steps, so its copy of every
+            # sequence stays complete and drafting can resume at any step.
+            "send_verdict": self.draft is not None and self.draft_ok,
         }
         self.target.send(control_pb2.ControlMessage(plan=control_pb2.StepPlan(add=adds, **common)))
         if self.draft is not None and self.draft_ok:
@@ -432,6 +434,32 @@ class Coordinator:
         log.error("verifier failed (%s); aborting running requests", message)
         for req in list(self.requests.values()):
             self._finish_and_notify(req, FINISH_ABORT)
+
+    # ----- live policy ------------------------------------------------------------------
+
+    async def apply_policy(self, mode: str | None = None, k: int | None = None,
+                           max_num_seqs: int | None = None) -> dict[str, object]:
+        """Change mode, k or the running-batch cap without a restart (SpeculationPolicy).
+
+        The loop is drained first so no step straddles the change: every issued plan has
+        run, the mirror equals the verifier, and the next plan starts from a draft step.
+        """
+        new = ManagerConfig(**{**{f: getattr(self.config, f) for f in ManagerConfig.__slots__},
+                               **{n: v for n, v in (("mode", mode), ("k", k), ("max_num_seqs", max_num_seqs))
+                                  if v is not None}})
+        new.validate()
+        if self.draft is None and new.mode != "ar":
+            raise InvalidRequestError("this deployment has no draft service; only mode 'ar' is possible")
+        await self._drain()
+        try:
+            self.config = new
+            self.sched.two_batches = new.mode in ("psd", "auto")
+            self.sched.restart_drafting()
+            self.drafting_paused_until = -1
+        finally:
+            self.paused = False
+            self._wake.set()
+        return {"mode": new.mode, "k": new.k, "max_num_seqs": new.max_num_seqs}
 
     # ----- draft service loss and return ------------------------------------------------
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import uvicorn
 
+from minedraft.batch_manager.admin_api import install_admin_routes
 from minedraft.batch_manager.coordinator import MODES, Coordinator, ManagerConfig
 from minedraft.batch_manager.grpc_api import build_grpc_server
 from minedraft.batch_manager.http_api import build_http_app
@@ -60,8 +61,9 @@ async def serve(args: argparse.Namespace) -> int:
     await coordinator.start()
     grpc_server = build_grpc_server(coordinator, args.host, args.grpc_port)
     await grpc_server.start()
-    http = uvicorn.Server(uvicorn.Config(build_http_app(coordinator), host=args.host, port=args.http_port,
-                                         log_level="warning"))
+    app = build_http_app(coordinator)
+    install_admin_routes(app, coordinator)
+    http = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.http_port, log_level="warning"))
     http.install_signal_handlers = lambda: None  # signals are handled below, for all three parts
     http_task = asyncio.create_task(http.serve())
     logging.info("batch manager ready: gRPC %s:%d, HTTP http://%s:%d (mode %s)", args.host, grpc_server.port,

@@ -24,6 +24,11 @@ class DraftWorker(Worker):
     def propose(self, seq_ids: list[int], k: int) -> Proposal:
         """Run k draft forwards: the first feeds every uncached committed token, then one each."""
         states = [self.seqs[s] for s in seq_ids]
+        for st in states:
+            # Drafts of an earlier proposal that was never judged (a mode change or a drain
+            # dropped it) are stale: feed at least the last committed token again.
+            st.cached = min(st.cached, st.length - 1)
+            self.runner.truncate(st.seq_id, st.cached)
         sampling = self.sampling(seq_ids)
         lengths = torch.tensor([st.length for st in states], dtype=torch.long, device=self.runner.device)
         feed = [st.uncached() for st in states]

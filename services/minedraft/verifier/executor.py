@@ -82,7 +82,8 @@ class VerifierExecutor:
         ids = [s for s in plan.verify_batch if s in self.worker.seqs]
         timing.batch = len(ids)
         if ids:
-            proposal = align_drafts(payload, ids) if payload is not None else None
+            # Drafts that arrive for an AR plan (drafting was just switched off) are dropped.
+            proposal = align_drafts(payload, ids) if payload is not None and plan.with_drafts else None
             with timed(timing, "compute_ms"):
                 verdict = self.worker.verify(ids, proposal)
             counts = verdict.counts.tolist()

@@ -1,0 +1,33 @@
+"""Operator-facing endpoints: live speculation policy (what a SpeculationPolicy pushes)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+from minedraft.batch_manager.coordinator import Coordinator
+
+
+class PolicyUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["psd", "sd", "ar", "auto"] | None = None
+    k: int | None = Field(default=None, ge=1, le=16)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+
+
+def install_admin_routes(app: FastAPI, coordinator: Coordinator) -> None:
+    router = APIRouter(prefix="/admin")
+
+    @router.get("/policy")
+    async def get_policy() -> dict[str, object]:
+        c = coordinator.config
+        return {"mode": c.mode, "k": c.k, "max_num_seqs": c.max_num_seqs}
+
+    @router.put("/policy")
+    async def put_policy(update: PolicyUpdate) -> dict[str, object]:
+        return await coordinator.apply_policy(update.mode, update.k, update.max_num_seqs)
+
+    app.include_router(router)
