@@ -33,6 +33,9 @@ class StackConfig:
     threads: int = 1
     max_num_seqs: int = 64
     num_blocks: int = 4096
+    dtype: str = "float32"
+    tokenizer: str | None = None  # default: the target folder
+    data_plane_backend: str = "gloo"
     log_dir: Path | None = None
     target_cpu: str = ""
     draft_cpu: str = ""
@@ -63,20 +66,20 @@ class LocalStack:
         c = self.cfg
         self._spawn("verifier", ["verifier", "--model", c.target, "--host", "127.0.0.1", "--port",
                                  str(self.target_port), "--device", c.target_device, "--threads", str(c.threads),
-                                 "--num-blocks", str(c.num_blocks), "--cpu", c.target_cpu])
+                                 "--num-blocks", str(c.num_blocks), "--cpu", c.target_cpu, "--dtype", c.dtype])
 
     def start_draft(self) -> None:
         c = self.cfg
         self._spawn("draft", ["draft", "--model", c.draft, "--host", "127.0.0.1", "--port", str(self.draft_port),
                               "--device", c.draft_device, "--threads", str(c.threads),
-                              "--num-blocks", str(c.num_blocks), "--cpu", c.draft_cpu])
+                              "--num-blocks", str(c.num_blocks), "--cpu", c.draft_cpu, "--dtype", c.dtype])
 
     def start_manager(self) -> None:
         c = self.cfg
         self._spawn("batch-manager", [
-            "batch-manager", "--tokenizer", c.target, "--host", c.host, "--grpc-port", str(c.grpc_port),
+            "batch-manager", "--tokenizer", c.tokenizer or c.target, "--host", c.host, "--grpc-port", str(c.grpc_port),
             "--http-port", str(c.http_port), "--mode", c.mode, "--k", str(c.k),
-            "--max-num-seqs", str(c.max_num_seqs),
+            "--max-num-seqs", str(c.max_num_seqs), "--data-plane-backend", c.data_plane_backend,
             "--target-address", f"127.0.0.1:{self.target_port}",
             "--draft-address", f"127.0.0.1:{self.draft_port}" if c.mode != "ar" else "",
         ])

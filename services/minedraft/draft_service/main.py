@@ -11,7 +11,7 @@ from minedraft.draft_service.executor import DraftExecutor
 from minedraft.engine.drafter import DraftWorker
 from minedraft.engine.loader import load_model, parse_dtype
 from minedraft.engine.runner import ModelRunner
-from minedraft.verifier.main import wait_for_signal
+from minedraft.verifier.main import select_device, wait_for_signal
 from minedraft.worker.server import serve_worker
 from minedraft.worker.settings import add_worker_flags, pin_cpus
 
@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     pin_cpus(args.cpu)
     if args.threads:
         torch.set_num_threads(args.threads)
+    select_device(args.device)
     model = load_model(args.model, args.device, parse_dtype(args.dtype))
     worker = DraftWorker(ModelRunner(model, args.num_blocks, args.block_size, args.device))
     server, port = serve_worker(DraftExecutor(worker), args.host, args.port)

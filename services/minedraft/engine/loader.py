@@ -12,6 +12,7 @@ from minedraft.engine.config import ModelConfig, load_model_config
 from minedraft.engine.errors import ModelLoadError
 from minedraft.engine.layers import rope_inverse_frequencies
 from minedraft.engine.model import CausalLM
+from minedraft.engine.synthetic import build_synthetic, is_synthetic
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -83,7 +84,12 @@ def load_state(model: CausalLM, files: list[Path]) -> None:
 def load_model(
     folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> CausalLM:
-    """Build the model a folder describes and fill it with the folder's weights."""
+    """Build the model a folder describes and fill it with the folder's weights.
+
+    A `synthetic:...` spec instead builds a benchmark pair member (see engine/synthetic.py).
+    """
+    if is_synthetic(str(folder)):
+        return build_synthetic(str(folder), device, dtype)
     path = Path(folder)
     if not path.is_dir():
         raise ModelLoadError(f"model folder {folder} does not exist")

@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     pin_cpus(args.cpu)
     if args.threads:
         torch.set_num_threads(args.threads)
+    select_device(args.device)
     model = load_model(args.model, args.device, parse_dtype(args.dtype))
     worker = TargetWorker(ModelRunner(model, args.num_blocks, args.block_size, args.device))
     store = host_store(args.host, args.data_port)
@@ -38,6 +39,12 @@ def run(args: argparse.Namespace) -> int:
     wait_for_signal()
     server.stop(grace=2).wait()
     return 0
+
+
+def select_device(device: str) -> None:
+    """NCCL needs each process's current CUDA device set before the data plane forms."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
 
 
 def wait_for_signal() -> None:

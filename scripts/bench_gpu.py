@@ -1,0 +1,366 @@
+"""GPU benchmark sweep for docs/benchmarks/gpu.md (runs on a 2-GPU H200 machine).
+
+One invocation measures, side by side on the same machine:
+- the device ceilings (device-to-device copy bandwidth, bf16 matmul rate);
+- AR decode of the Llama-3-8B-shaped target at batch 1 against that bandwidth;
+- in-process AR and standard SD with the draft on the target's GPU;
+- through the real three services (verifier on GPU 0, draft on GPU 1, NCCL data plane):
+  standard SD with the draft on its own GPU (sequential) and PSD, at equal total
+  concurrency (m/2 + m/2 vs m) and the paper's way (m + m vs m);
+- transformers `generate` and assisted generation at batch 1 on the same weights.
+The synthetic pair (engine/synthetic.py) is calibrated to per-token greedy acceptance near
+0.5, 0.7 and 0.9 first. Results: JSON, a markdown table and a PNG plot under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "services"))
+
+from minedraft.bundled import TINY_TARGET  # noqa: E402
+from minedraft.cli.bench_psd import fetch_status, run_workload  # noqa: E402
+from minedraft.cli.stack import LocalStack, StackConfig, free_port  # noqa: E402
+from minedraft.engine.drafter import DraftWorker  # noqa: E402
+from minedraft.engine.engine import EngineConfig, LLMEngine  # noqa: E402
+from minedraft.engine.loader import load_model  # noqa: E402
+from minedraft.engine.runner import ModelRunner  # noqa: E402
+from minedraft.engine.sampling import SamplingParams  # noqa: E402
+from minedraft.engine.tokenizer import Tokenizer  # noqa: E402
+from minedraft.engine.verifier import TargetWorker  # noqa: E402
+
+PROMPT_LEN = 32
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def spec(shape: str, role: str, alpha: float, draft_layers: int) -> str:
+    return f"synthetic:{shape}:{role}:alpha={alpha}:draft_layers={draft_layers}"
+
+
+def prompts(count: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 2000, (count, PROMPT_LEN), generator=gen).tolist()
+
+
+def time_cuda(fn, repeats: int = 10) -> float:
+    """Median seconds of fn() measured with CUDA events."""
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1000.0)
+    return statistics.median(samples)
+
+
+def ceilings() -> dict[str, float]:
+    n = 1 << 31  # 2 Gi bf16 elements = 4 GiB
+    x = torch.randn(n, device="cuda:0", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    copy_s = time_cuda(lambda: y.copy_(x))
+    a = torch.randn(8192, 8192, device="cuda:0", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda:0", dtype=torch.bfloat16)
+    mm_s = time_cuda(lambda: a @ b)
+    return {"copy_GBps": 2 * n * 2 / copy_s / 1e9, "bf16_TFLOPs": 2 * 8192**3 / mm_s / 1e12}
+
+
+class InProcess:
+    """Target (and draft) on cuda:0 in this process, for AR and same-GPU SD.
+
+    One runner per model is shared by every engine made here, so CUDA graphs are captured
+    once per (batch bucket, width) and reused across k and m.
+    """
+
+    def __init__(self, shape: str, alpha: float, draft_layers: int, num_blocks: int,
+                 draft_model=None) -> None:
+        self.target = load_model(spec(shape, "target", alpha, draft_layers), "cuda:0", torch.bfloat16)
+        self.draft = draft_model or load_model(spec(shape, "draft", alpha, draft_layers), "cuda:0", torch.bfloat16)
+        self.tokenizer = Tokenizer(TINY_TARGET)
+        self.target_worker = TargetWorker(ModelRunner(self.target, num_blocks, 16, "cuda:0"))
+        self.draft_worker = DraftWorker(ModelRunner(self.draft, num_blocks, 16, "cuda:0"))
+
+    def engine(self, mode: str, k: int, max_num_seqs: int) -> LLMEngine:
+        cfg = EngineConfig(mode=mode, k=max(k, 1), max_num_seqs=max_num_seqs, device="cuda:0", dtype=torch.bfloat16)
+        return LLMEngine(self.target_worker, self.draft_worker if mode == "sd" else None, self.tokenizer, cfg)
+
+    def run(self, engine: LLMEngine, batch: list[list[int]], max_tokens: int) -> dict[str, float]:
+        params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True) for _ in batch]
+        engine.generate(batch[:2], [SamplingParams(max_tokens=8, ignore_eos=True) for _ in batch[:2]])  # warm
+        engine.generate(batch, [SamplingParams(max_tokens=4, ignore_eos=True) for _ in batch])  # graphs
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        reqs = engine.generate(batch, params)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        tokens = sum(len(r.output_ids) for r in reqs)
+        drafted = sum(r.stats.drafted for r in reqs)
+        return {
+            "tokens_per_s": tokens / seconds,
+            "seconds": seconds,
+            "latency_per_request_s": seconds / len(batch),
+            "acceptance": sum(r.stats.accepted for r in reqs) / drafted if drafted else 0.0,
+            "tokens_per_step": tokens / sum(r.stats.steps for r in reqs),
+            "outputs": [r.output_ids for r in reqs],
+        }
+
+
+def greedy_acceptance(inproc: InProcess, k: int = 4) -> float:
+    eng = inproc.engine("sd", k, 16)
+    return inproc.run(eng, prompts(16, seed=7), 48)["acceptance"]
+
+
+def calibrate(shape: str, draft_layers: int, targets: list[float], num_blocks: int) -> dict[float, float]:
+    """alpha giving each target acceptance, by bisection on log(alpha); the draft is built once."""
+    draft = load_model(spec(shape, "draft", 0.0, draft_layers), "cuda:0", torch.bfloat16)
+    chosen: dict[float, float] = {}
+    for goal in targets:
+        lo, hi = 0.02, 3.0
+        best = (9.0, lo)
+        for _ in range(6):
+            alpha = round((lo * hi) ** 0.5, 4)
+            inproc = InProcess(shape, alpha, draft_layers, 512, draft_model=draft)
+            acc = greedy_acceptance(inproc)
+            del inproc
+            torch.cuda.empty_cache()
+            log(f"calibrate goal {goal}: alpha {alpha:.4f} -> acceptance {acc:.3f}")
+            best = min(best, (abs(acc - goal), alpha))
+            if acc > goal:
+                lo = alpha
+            else:
+                hi = alpha
+        chosen[goal] = best[1]
+    return chosen
+
+
+def ar_bandwidth(inproc: InProcess, context: int = 512, steps: int = 64) -> dict[str, float]:
+    """Batch-1 decode step time against the bytes it must read (weights + KV)."""
+    runner = ModelRunner(inproc.target, 256, 16, "cuda:0")
+    runner.forward([0], [list(range(3, 3 + context))], [0], last_n=1)
+    token = torch.tensor([[5]], device="cuda:0")
+    pos = [context]
+
+    def one_step() -> None:
+        runner.forward_ids([0], token, pos, [1], last_n=1)
+
+    step_s = time_cuda(one_step, repeats=steps)
+    cfg = inproc.target.config
+    weight_bytes = sum(p.numel() * p.element_size() for p in inproc.target.parameters())
+    kv_bytes = 2 * cfg.num_layers * (context + 1) * cfg.num_kv_heads * cfg.head_dim * 2
+    return {"step_ms": step_s * 1000, "bytes": weight_bytes + kv_bytes,
+            "achieved_GBps": (weight_bytes + kv_bytes) / step_s / 1e9}
+
+
+def put_policy(port: int, **policy: object) -> None:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/admin/policy", json.dumps(policy).encode(),
+                                 {"Content-Type": "application/json"}, method="PUT")
+    with urllib.request.urlopen(req, timeout=120) as r:
+        r.read()
+
+
+def stack_run(stack: LocalStack, batch: list[list[int]], max_tokens: int) -> dict[str, float]:
+    cfg = stack.cfg
+    asyncio.run(run_workload(cfg.grpc_port, batch, 4))  # captures this size's graphs
+    before = fetch_status(cfg.http_port)
+    tokens, seconds = asyncio.run(run_workload(cfg.grpc_port, batch, max_tokens))
+    after = fetch_status(cfg.http_port)
+    a, b = after["timing_totals"], before["timing_totals"]
+    steps = max(1, a.get("steps", 0) - b.get("steps", 0))
+    per_step = {key: (a.get(key, 0.0) - b.get(key, 0.0)) / steps for key in a if key != "steps"}
+    busiest = max(per_step.get("verify_compute_ms", 0.0), per_step.get("draft_compute_ms", 0.0))
+    return {
+        "tokens_per_s": tokens / seconds,
+        "seconds": seconds,
+        "latency_per_request_s": seconds / len(batch),
+        "steps": steps,
+        "acceptance": after["acceptance_rate"],
+        "step_ms": per_step.get("wall_ms", 0.0),
+        "draft_ms": per_step.get("draft_compute_ms", 0.0),
+        "verify_ms": per_step.get("verify_compute_ms", 0.0),
+        "data_plane_ms": per_step.get("verify_send_ms", 0.0) + per_step.get("draft_send_ms", 0.0),
+        "verify_wait_ms": per_step.get("verify_recv_wait_ms", 0.0),
+        "overlap_efficiency": busiest / per_step["wall_ms"] if per_step.get("wall_ms") else 0.0,
+    }
+
+
+def nccl_transport(log_dir: Path) -> str:
+    found = set()
+    for f in log_dir.glob("*.log"):
+        for line in f.read_text(errors="ignore").splitlines():
+            m = re.search(r"via (P2P/\S+|SHM\S*|NET/\S+)", line)
+            if m:
+                found.add(m.group(1))
+    return ", ".join(sorted(found)) or "unknown"
+
+
+def services_sweep(args: argparse.Namespace, alpha: float, out: Path) -> tuple[list[dict], str]:
+    log_dir = out / f"logs_alpha{alpha}"
+    cfg = StackConfig(
+        target=spec(args.shape, "target", alpha, args.draft_layers),
+        draft=spec(args.shape, "draft", alpha, args.draft_layers),
+        grpc_port=free_port(), http_port=free_port(), target_device="cuda:0", draft_device="cuda:1",
+        mode="psd", k=args.ks[0], threads=4, max_num_seqs=2 * max(args.ms), num_blocks=args.num_blocks,
+        dtype="bfloat16", data_plane_backend="nccl", log_dir=log_dir,
+        extra_env={"NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,P2P",
+},
+        tokenizer=str(TINY_TARGET),
+    )
+    stack = LocalStack(cfg)
+    rows = []
+    try:
+        stack.start(timeout=300)
+        for k in args.ks:
+            for m in args.ms:
+                for name, mode, conc in (("SD-2GPU", "sd", m), ("PSD m/2+m/2", "psd", m), ("PSD m+m", "psd", 2 * m)):
+                    put_policy(cfg.http_port, mode=mode, k=k, max_num_seqs=conc)
+                    row = stack_run(stack, prompts(conc, seed=m), args.max_tokens)
+                    row.update(config=name, k=k, m=m, concurrency=conc, gpus=2, alpha=alpha)
+                    log(f"alpha {alpha} k {k} m {m} {name}: {row['tokens_per_s']:.0f} tok/s, step "
+                        f"{row['step_ms']:.2f} ms (draft {row['draft_ms']:.2f}, verify {row['verify_ms']:.2f}), "
+                        f"overlap {row['overlap_efficiency']:.2f}")
+                    rows.append(row)
+    finally:
+        stack.stop()
+    return rows, nccl_transport(log_dir)
+
+
+def hf_peer(inproc: InProcess, max_tokens: int) -> dict[str, float]:
+    """transformers generate and assisted generation at batch 1 on the same weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def hf_model(ours) -> LlamaForCausalLM:
+        c = ours.config
+        cfg = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                          num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                          num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+                          max_position_embeddings=c.max_position_embeddings, rope_theta=c.rope.theta,
+                          tie_word_embeddings=False)
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with torch.device("cuda:0"):
+                model = LlamaForCausalLM(cfg)
+        finally:
+            torch.set_default_dtype(torch.float32)
+        model.load_state_dict({n: p for n, p in ours.state_dict().items() if "inv_freq" not in n}, strict=False)
+        return model.eval()
+
+    target, draft = hf_model(inproc.target), hf_model(inproc.draft)
+    ids = torch.tensor([prompts(1, seed=3)[0]], device="cuda:0")
+    out: dict[str, float] = {}
+    for name, extra in (("hf_ar", {}), ("hf_assisted", {"assistant_model": draft})):
+        target.generate(ids, max_new_tokens=8, do_sample=False, **extra)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        gen = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                              min_new_tokens=max_tokens, do_sample=False, pad_token_id=0, **extra)
+        torch.cuda.synchronize()
+        out[f"{name}_tokens_per_s"] = (gen.shape[1] - ids.shape[1]) / (time.perf_counter() - start)
+        out[f"{name}_tokens"] = gen[0, ids.shape[1]:].tolist()
+    del target, draft
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    p.add_argument("--shape", default="llama3-8b")
+    p.add_argument("--draft-layers", type=int, default=4)
+    p.add_argument("--acceptance", default="0.5,0.7,0.9")
+    p.add_argument("--alphas", default="", help="skip calibration: comma list matching --acceptance")
+    p.add_argument("--ks", default="2,4,6")
+    p.add_argument("--ms", default="8,16,32,64")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--num-blocks", type=int, default=2048)
+    p.add_argument("--skip-services", action="store_true")
+    p.add_argument("--skip-hf", action="store_true")
+    args = p.parse_args()
+    args.ks = [int(x) for x in args.ks.split(",")]
+    args.ms = [int(x) for x in args.ms.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, object] = {"args": {k: v for k, v in vars(args).items() if k != "out"}}
+    log(f"torch {torch.__version__}, {torch.cuda.device_count()} GPUs: {torch.cuda.get_device_name(0)}")
+    results["topology"] = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True).stdout
+    results["ceilings"] = ceilings()
+    log(f"ceilings: {results['ceilings']}")
+    goals = [float(x) for x in args.acceptance.split(",")]
+    if args.alphas:
+        alphas = dict(zip(goals, [float(x) for x in args.alphas.split(",")], strict=True))
+    else:
+        alphas = calibrate(args.shape, args.draft_layers, goals, args.num_blocks)
+    results["alphas"] = {str(k): v for k, v in alphas.items()}
+    inproc_rows: list[dict] = []
+    for goal, alpha in alphas.items():
+        inproc = InProcess(args.shape, alpha, args.draft_layers, args.num_blocks)
+        if goal == goals[0]:
+            results["ar_bandwidth"] = ar_bandwidth(inproc)
+            log(f"AR batch-1 bandwidth: {results['ar_bandwidth']}")
+            if not args.skip_hf:
+                peer = hf_peer(inproc, args.max_tokens)
+                ours = inproc.run(inproc.engine("sd", 4, 1), prompts(1, seed=3), args.max_tokens)
+                ours_ar = inproc.run(inproc.engine("ar", 0, 1), prompts(1, seed=3), args.max_tokens)
+                results["batch1"] = {
+                    "hf_ar_tokens_per_s": peer["hf_ar_tokens_per_s"],
+                    "hf_assisted_tokens_per_s": peer["hf_assisted_tokens_per_s"],
+                    "ours_ar_tokens_per_s": ours_ar["tokens_per_s"], "ours_sd_k4_tokens_per_s": ours["tokens_per_s"],
+                    "hf_ar_matches_ours_ar": peer["hf_ar_tokens"] == ours_ar["outputs"][0],
+                    "greedy_agreement_sd_vs_ar": sum(a == b for a, b in zip(ours["outputs"][0],
+                                                                          ours_ar["outputs"][0], strict=True))
+                    / args.max_tokens,
+                }
+                log(f"batch 1: {results['batch1']}")
+        for m in args.ms:
+            ar = inproc.run(inproc.engine("ar", 0, m), prompts(m, seed=m), args.max_tokens)
+            ar.update(config="AR", k=0, m=m, concurrency=m, gpus=1, alpha=alpha)
+            inproc_rows.append(ar)
+            for k in args.ks:
+                sd = inproc.run(inproc.engine("sd", k, m), prompts(m, seed=m), args.max_tokens)
+                sd.update(config="SD-1GPU", k=k, m=m, concurrency=m, gpus=1, alpha=alpha)
+                sd["greedy_agreement_with_ar"] = statistics.mean(
+                    sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+                    for a, b in zip(sd["outputs"], ar["outputs"], strict=True))
+                inproc_rows.append(sd)
+                log(f"alpha {alpha} m {m} k {k}: AR {ar['tokens_per_s']:.0f}, SD-1GPU {sd['tokens_per_s']:.0f} tok/s, "
+                    f"acceptance {sd['acceptance']:.3f}, agreement {sd['greedy_agreement_with_ar']:.3f}")
+        del inproc
+        torch.cuda.empty_cache()
+    for row in inproc_rows:
+        row.pop("outputs", None)
+    results["inprocess"] = inproc_rows
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    if not args.skip_services:
+        service_rows, transports = [], {}
+        for alpha in alphas.values():
+            rows, transport = services_sweep(args, alpha, out)
+            service_rows += rows
+            transports[str(alpha)] = transport
+            results["services"] = service_rows
+            results["nccl_transport"] = transports
+            (out / "results.json").write_text(json.dumps(results, indent=1))
+        log(f"NCCL transport: {transports}")
+    log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
