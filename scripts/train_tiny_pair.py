@@ -790,6 +790,13 @@ def reproduce_command(argv: list[str] | None) -> str:
     return shlex.join(["python", "scripts/train_tiny_pair.py", *flags])
 
 
+def repo_relative(value: Any) -> Any:
+    """Show paths inside the repository relative to its root (stable across checkouts)."""
+    if isinstance(value, str) and Path(value).is_absolute() and Path(value).is_relative_to(REPO_ROOT):
+        return Path(value).relative_to(REPO_ROOT).as_posix()
+    return value
+
+
 def train_pair(args: argparse.Namespace, corpus: Corpus, argv: list[str] | None) -> dict[str, Any]:
     """Train tokenizer, target and draft; save them; return the training record."""
     run_start = time.perf_counter()
@@ -824,7 +831,7 @@ def train_pair(args: argparse.Namespace, corpus: Corpus, argv: list[str] | None)
         target=target_result,
         draft=draft_result,
         total_seconds=time.perf_counter() - run_start,
-        settings={k: v for k, v in vars(args).items() if k not in {"eval_only"}},
+        settings={k: repo_relative(v) for k, v in vars(args).items() if k != "eval_only"},
     )
     return asdict(record)
 
