@@ -161,7 +161,7 @@ def test_bad_requests_are_400_and_server_keeps_serving(
         assert error["type"] == "invalid_request_error"
         assert error["param"] == param
         assert param.split("[")[0] in error["message"]
-    ok = served.client.post("/v1/completions", json={"prompt": "w5", "max_tokens": 2})
+    ok = served.client.post("/v1/completions", json={"prompt": "w5", "max_tokens": 2, "ignore_eos": True})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
 
 
