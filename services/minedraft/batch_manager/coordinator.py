@@ -86,17 +86,15 @@ class Counters:
     records: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=4096))
     timing: dict[str, float] = field(default_factory=dict)
 
-    def add_timing(self, record: StepRecord) -> None:
+    def add_timing(self, side: str, timing: control_pb2.StepTiming, wall_ms: float = 0.0) -> None:
         """Running sums of the step anatomy; clients difference two snapshots."""
         t = self.timing
-        t["steps"] = t.get("steps", 0) + 1
-        t["wall_ms"] = t.get("wall_ms", 0.0) + record.wall_ms
-        for side, timing in (("verify", record.verify), ("draft", record.draft)):
-            if timing is None:
-                continue
-            for name in ("compute_ms", "recv_wait_ms", "send_ms", "control_ms"):
-                key = f"{side}_{name}"
-                t[key] = t.get(key, 0.0) + getattr(timing, name)
+        if side == "verify":
+            t["steps"] = t.get("steps", 0) + 1
+            t["wall_ms"] = t.get("wall_ms", 0.0) + wall_ms
+        for name in ("compute_ms", "recv_wait_ms", "send_ms", "control_ms"):
+            key = f"{side}_{name}"
+            t[key] = t.get(key, 0.0) + getattr(timing, name)
 
 
 def seq_spec(req: Request) -> control_pb2.SeqSpec:
@@ -343,6 +341,7 @@ class Coordinator:
         if event.error:
             log.error("%s worker error at step %d: %s", role, event.step, event.error)
         if role == "draft":
+            self.counters.add_timing("draft", event.timing)
             record = self._plan_kind.get(event.step)
             if record is not None:
                 record.draft = event.timing
@@ -359,7 +358,7 @@ class Coordinator:
         record.wall_ms = (now - self._last_verify_at) * 1000.0 if self._last_verify_at else 0.0
         self._last_verify_at = now
         self.counters.records.append(record)
-        self.counters.add_timing(record)
+        self.counters.add_timing("verify", event.timing, record.wall_ms)
         self.counters.steps += 1
         drafted = self.config.k if record.with_drafts and not event.data_plane_lost else 0
         self._apply_verdicts(event.verdicts, drafted)

@@ -53,14 +53,13 @@ def fetch_status(port: int) -> dict:
 
 
 async def one_request(stub: generation_pb2_grpc.GenerationStub, prompt: list[int], max_tokens: int) -> int:
+    """Unary call: an offline batch, as the paper measures; no per-token streaming cost."""
     request = generation_pb2.GenerateRequest(
         token_ids=generation_pb2.TokenIds(ids=prompt),
         sampling=generation_pb2.SamplingParameters(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
     )
-    count = 0
-    async for chunk in stub.GenerateStream(request, timeout=600):
-        count += len(chunk.token_ids)
-    return count
+    response = await stub.Generate(request, timeout=600)
+    return len(response.token_ids)
 
 
 async def run_workload(grpc_port: int, prompts: list[list[int]], max_tokens: int) -> tuple[int, float]:
