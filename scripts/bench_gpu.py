@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -126,29 +127,32 @@ class InProcess:
 
 def greedy_acceptance(inproc: InProcess, k: int = 4) -> float:
     eng = inproc.engine("sd", k, 16)
-    return inproc.run(eng, prompts(16, seed=7), 48)["acceptance"]
+    return inproc.run(eng, prompts(16, seed=7), 32)["acceptance"]
 
 
-def calibrate(shape: str, draft_layers: int, targets: list[float], num_blocks: int) -> dict[float, float]:
-    """alpha giving each target acceptance, by bisection on log(alpha); the draft is built once."""
+def calibrate(shape: str, draft_layers: int, targets: list[float],
+              grid: tuple[float, ...] = (0.05, 0.15, 0.4, 1.0, 2.5)) -> dict[float, float]:
+    """alpha for each target acceptance: measure a fixed alpha grid once (the draft is built
+    once), then interpolate acceptance linearly in log(alpha). The sweep reports the
+    acceptance it then measures, not the goal."""
+    import math
+
     draft = load_model(spec(shape, "draft", 0.0, draft_layers), "cuda:0", torch.bfloat16)
+    points = []
+    for alpha in grid:
+        inproc = InProcess(shape, alpha, draft_layers, 512, draft_model=draft)
+        points.append((alpha, greedy_acceptance(inproc)))
+        del inproc
+        torch.cuda.empty_cache()
+        log(f"calibrate: alpha {alpha} -> acceptance {points[-1][1]:.3f}")
     chosen: dict[float, float] = {}
     for goal in targets:
-        lo, hi = 0.02, 3.0
-        best = (9.0, lo)
-        for _ in range(6):
-            alpha = round((lo * hi) ** 0.5, 4)
-            inproc = InProcess(shape, alpha, draft_layers, 512, draft_model=draft)
-            acc = greedy_acceptance(inproc)
-            del inproc
-            torch.cuda.empty_cache()
-            log(f"calibrate goal {goal}: alpha {alpha:.4f} -> acceptance {acc:.3f}")
-            best = min(best, (abs(acc - goal), alpha))
-            if acc > goal:
-                lo = alpha
-            else:
-                hi = alpha
-        chosen[goal] = best[1]
+        chosen[goal] = points[-1][0] if goal < points[-1][1] else points[0][0]
+        for (a0, r0), (a1, r1) in itertools.pairwise(points):
+            if min(r0, r1) <= goal <= max(r0, r1) and r0 != r1:
+                t = (goal - r0) / (r1 - r0)
+                chosen[goal] = round(math.exp(math.log(a0) + t * (math.log(a1) - math.log(a0))), 4)
+                break
     return chosen
 
 
@@ -212,13 +216,14 @@ def nccl_transport(log_dir: Path) -> str:
     return ", ".join(sorted(found)) or "unknown"
 
 
-def services_sweep(args: argparse.Namespace, alpha: float, out: Path) -> tuple[list[dict], str]:
-    log_dir = out / f"logs_alpha{alpha}"
+def services_sweep(args: argparse.Namespace, alpha: float, out: Path, ks: list[int], ms: list[int],
+                   time_left) -> tuple[list[dict], str]:
+    log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"minedraft_logs_alpha{alpha}"
     cfg = StackConfig(
         target=spec(args.shape, "target", alpha, args.draft_layers),
         draft=spec(args.shape, "draft", alpha, args.draft_layers),
         grpc_port=free_port(), http_port=free_port(), target_device="cuda:0", draft_device="cuda:1",
-        mode="psd", k=args.ks[0], threads=4, max_num_seqs=2 * max(args.ms), num_blocks=args.num_blocks,
+        mode="psd", k=ks[0], threads=4, max_num_seqs=2 * max(ms), num_blocks=args.num_blocks,
         dtype="bfloat16", data_plane_backend="nccl", log_dir=log_dir,
         extra_env={"NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,P2P",
 },
@@ -228,8 +233,11 @@ def services_sweep(args: argparse.Namespace, alpha: float, out: Path) -> tuple[l
     rows = []
     try:
         stack.start(timeout=300)
-        for k in args.ks:
-            for m in args.ms:
+        for k in ks:
+            for m in ms:
+                if not time_left():
+                    log("deadline reached: skipping the rest of the service sweep")
+                    return rows, nccl_transport(log_dir)
                 for name, mode, conc in (("SD-2GPU", "sd", m), ("PSD m/2+m/2", "psd", m), ("PSD m+m", "psd", 2 * m)):
                     put_policy(cfg.http_port, mode=mode, k=k, max_num_seqs=conc)
                     row = stack_run(stack, prompts(conc, seed=m), args.max_tokens)
@@ -280,6 +288,49 @@ def hf_peer(inproc: InProcess, max_tokens: int) -> dict[str, float]:
     return out
 
 
+def inprocess_sweep(args: argparse.Namespace, goal: float, alpha: float, goals: list[float], results: dict,
+                    ks: list[int], ms: list[int]) -> list[dict]:
+    rows: list[dict] = []
+    inproc = InProcess(args.shape, alpha, args.draft_layers, args.num_blocks)
+    if goal == goals[0]:
+        results["ar_bandwidth"] = ar_bandwidth(inproc)
+        log(f"AR batch-1 bandwidth: {results['ar_bandwidth']}")
+        if not args.skip_hf:
+            results["batch1"] = batch1_comparison(inproc, args.max_tokens)
+            log(f"batch 1: {results['batch1']}")
+    for m in ms:
+        ar = inproc.run(inproc.engine("ar", 0, m), prompts(m, seed=m), args.max_tokens)
+        ar.update(config="AR", k=0, m=m, concurrency=m, gpus=1, alpha=alpha)
+        rows.append(ar)
+        for k in ks:
+            sd = inproc.run(inproc.engine("sd", k, m), prompts(m, seed=m), args.max_tokens)
+            sd.update(config="SD-1GPU", k=k, m=m, concurrency=m, gpus=1, alpha=alpha)
+            sd["greedy_agreement_with_ar"] = statistics.mean(
+                sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+                for a, b in zip(sd["outputs"], ar["outputs"], strict=True))
+            rows.append(sd)
+            log(f"alpha {alpha} m {m} k {k}: AR {ar['tokens_per_s']:.0f}, SD-1GPU {sd['tokens_per_s']:.0f} tok/s, "
+                f"acceptance {sd['acceptance']:.3f}, agreement {sd['greedy_agreement_with_ar']:.3f}")
+    for row in rows:
+        row.pop("outputs", None)
+    return rows
+
+
+def batch1_comparison(inproc: InProcess, max_tokens: int) -> dict[str, object]:
+    peer = hf_peer(inproc, max_tokens)
+    ours = inproc.run(inproc.engine("sd", 4, 1), prompts(1, seed=3), max_tokens)
+    ours_ar = inproc.run(inproc.engine("ar", 0, 1), prompts(1, seed=3), max_tokens)
+    return {
+        "hf_ar_tokens_per_s": peer["hf_ar_tokens_per_s"],
+        "hf_assisted_tokens_per_s": peer["hf_assisted_tokens_per_s"],
+        "ours_ar_tokens_per_s": ours_ar["tokens_per_s"],
+        "ours_sd_k4_tokens_per_s": ours["tokens_per_s"],
+        "hf_ar_matches_ours_ar": peer["hf_ar_tokens"] == ours_ar["outputs"][0],
+        "greedy_agreement_sd_vs_ar": sum(a == b for a, b in zip(ours["outputs"][0], ours_ar["outputs"][0],
+                                                              strict=True)) / max_tokens,
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
@@ -291,11 +342,21 @@ def main() -> int:
     p.add_argument("--ms", default="8,16,32,64")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--num-blocks", type=int, default=2048)
+    p.add_argument("--full-grid", type=float, default=0.7, help="acceptance level that gets the whole k x m grid")
+    p.add_argument("--small-ks", default="4", help="k values at the other acceptance levels")
+    p.add_argument("--small-ms", default="16,64", help="m values at the other acceptance levels")
+    p.add_argument("--deadline-s", type=float, default=1e9, help="start no new phase after this many seconds")
     p.add_argument("--skip-services", action="store_true")
     p.add_argument("--skip-hf", action="store_true")
     args = p.parse_args()
     args.ks = [int(x) for x in args.ks.split(",")]
     args.ms = [int(x) for x in args.ms.split(",")]
+    args.small_ks = [int(x) for x in args.small_ks.split(",")]
+    args.small_ms = [int(x) for x in args.small_ms.split(",")]
+    started = time.monotonic()
+
+    def time_left() -> bool:
+        return time.monotonic() - started < args.deadline_s
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results: dict[str, object] = {"args": {k: v for k, v in vars(args).items() if k != "out"}}
@@ -307,57 +368,44 @@ def main() -> int:
     if args.alphas:
         alphas = dict(zip(goals, [float(x) for x in args.alphas.split(",")], strict=True))
     else:
-        alphas = calibrate(args.shape, args.draft_layers, goals, args.num_blocks)
+        alphas = calibrate(args.shape, args.draft_layers, goals)
     results["alphas"] = {str(k): v for k, v in alphas.items()}
     inproc_rows: list[dict] = []
-    for goal, alpha in alphas.items():
-        inproc = InProcess(args.shape, alpha, args.draft_layers, args.num_blocks)
-        if goal == goals[0]:
-            results["ar_bandwidth"] = ar_bandwidth(inproc)
-            log(f"AR batch-1 bandwidth: {results['ar_bandwidth']}")
-            if not args.skip_hf:
-                peer = hf_peer(inproc, args.max_tokens)
-                ours = inproc.run(inproc.engine("sd", 4, 1), prompts(1, seed=3), args.max_tokens)
-                ours_ar = inproc.run(inproc.engine("ar", 0, 1), prompts(1, seed=3), args.max_tokens)
-                results["batch1"] = {
-                    "hf_ar_tokens_per_s": peer["hf_ar_tokens_per_s"],
-                    "hf_assisted_tokens_per_s": peer["hf_assisted_tokens_per_s"],
-                    "ours_ar_tokens_per_s": ours_ar["tokens_per_s"], "ours_sd_k4_tokens_per_s": ours["tokens_per_s"],
-                    "hf_ar_matches_ours_ar": peer["hf_ar_tokens"] == ours_ar["outputs"][0],
-                    "greedy_agreement_sd_vs_ar": sum(a == b for a, b in zip(ours["outputs"][0],
-                                                                          ours_ar["outputs"][0], strict=True))
-                    / args.max_tokens,
-                }
-                log(f"batch 1: {results['batch1']}")
-        for m in args.ms:
-            ar = inproc.run(inproc.engine("ar", 0, m), prompts(m, seed=m), args.max_tokens)
-            ar.update(config="AR", k=0, m=m, concurrency=m, gpus=1, alpha=alpha)
-            inproc_rows.append(ar)
-            for k in args.ks:
-                sd = inproc.run(inproc.engine("sd", k, m), prompts(m, seed=m), args.max_tokens)
-                sd.update(config="SD-1GPU", k=k, m=m, concurrency=m, gpus=1, alpha=alpha)
-                sd["greedy_agreement_with_ar"] = statistics.mean(
-                    sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
-                    for a, b in zip(sd["outputs"], ar["outputs"], strict=True))
-                inproc_rows.append(sd)
-                log(f"alpha {alpha} m {m} k {k}: AR {ar['tokens_per_s']:.0f}, SD-1GPU {sd['tokens_per_s']:.0f} tok/s, "
-                    f"acceptance {sd['acceptance']:.3f}, agreement {sd['greedy_agreement_with_ar']:.3f}")
-        del inproc
+
+    def grid(goal: float) -> tuple[list[int], list[int]]:
+        return (args.ks, args.ms) if goal == args.full_grid else (args.small_ks, args.small_ms)
+
+    service_rows: list[dict] = []
+    transports: dict[str, str] = {}
+    # The level with the full grid goes first, so a deadline cuts the small grids, not it.
+    for goal in sorted(alphas, key=lambda g: g != args.full_grid):
+        alpha = alphas[goal]
+        if not time_left():
+            log(f"deadline reached: acceptance {goal} not measured")
+            break
+        try:
+            inproc_rows += inprocess_sweep(args, goal, alpha, [args.full_grid], results, *grid(goal))
+        except Exception as exc:  # keep what was measured; say what broke
+            log(f"in-process sweep failed at alpha {alpha}: {exc!r}")
+            results.setdefault("errors", []).append(f"inprocess alpha {alpha}: {exc!r}")
         torch.cuda.empty_cache()
-    for row in inproc_rows:
-        row.pop("outputs", None)
-    results["inprocess"] = inproc_rows
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    if not args.skip_services:
-        service_rows, transports = [], {}
-        for alpha in alphas.values():
-            rows, transport = services_sweep(args, alpha, out)
+        results["inprocess"] = inproc_rows
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+        if args.skip_services or not time_left():
+            continue
+        try:
+            rows, transport = services_sweep(args, alpha, out, *grid(goal), time_left)
             service_rows += rows
             transports[str(alpha)] = transport
-            results["services"] = service_rows
-            results["nccl_transport"] = transports
-            (out / "results.json").write_text(json.dumps(results, indent=1))
-        log(f"NCCL transport: {transports}")
+        except Exception as exc:
+            log(f"service sweep failed at alpha {alpha}: {exc!r}")
+            logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"minedraft_logs_alpha{alpha}"
+            tails = {f.name: f.read_text(errors="ignore").splitlines()[-25:] for f in logs.glob("*.log")}
+            results.setdefault("errors", []).append({"services": alpha, "error": repr(exc), "logs": tails})
+        results["services"] = service_rows
+        results["nccl_transport"] = transports
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+    log(f"NCCL transport: {transports}")
     log("done")
     return 0
 
