@@ -65,6 +65,7 @@ class DataPlane:
         self.device = device
         self.backend = backend
         self._pending: list[dist.Work] = []
+        self._keep: list[torch.Tensor] = []
         try:
             dist.init_process_group(
                 backend,
@@ -73,22 +74,27 @@ class DataPlane:
                 world_size=2,
                 timeout=timedelta(seconds=timeout_s),
             )
+            # One group per direction: with NCCL each group has its own stream, so a verdict
+            # travelling one way never queues behind a draft payload travelling the other.
+            self.groups = {"drafts": dist.new_group([0, 1]), "verdicts": dist.new_group([0, 1])}
         except Exception as exc:  # the peer never arrived
             raise DataPlaneError(f"data plane epoch {epoch} did not form: {exc}") from exc
 
-    def _send(self, tensors: list[torch.Tensor]) -> None:
+    def _send(self, tensors: list[torch.Tensor], channel: str) -> None:
         try:
             for work in self._pending:
                 work.wait()
-            self._pending = [w for t in tensors if (w := dist.isend(t.contiguous(), self.peer)) is not None]
+            group = self.groups[channel]
+            works = [dist.isend(t.contiguous(), self.peer, group=group) for t in tensors]
+            self._pending = [w for w in works if w is not None]
             self._keep = tensors  # alive until the isends complete
         except Exception as exc:
             raise DataPlaneError(f"send to peer failed: {exc}") from exc
 
-    def _recv(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def _recv(self, shape: tuple[int, ...], dtype: torch.dtype, channel: str) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype, device=self.device)
         try:
-            dist.recv(buf, self.peer)
+            dist.recv(buf, self.peer, group=self.groups[channel])
         except Exception as exc:
             raise DataPlaneError(f"receive from peer failed: {exc}") from exc
         return buf
@@ -107,12 +113,12 @@ class DataPlane:
                    torch.cat((ids, payload.tokens.to(self.device, torch.int64).reshape(-1)))]
         if probs is not None:
             tensors.append(probs.to(self.device, torch.float32))
-        self._send(tensors)
+        self._send(tensors, "drafts")
 
     def recv_drafts(self) -> DraftPayload:
-        step, batch, k, has_probs, vocab, _ = self._recv((_HEADER,), torch.int64).tolist()
-        ints = self._recv((batch * (1 + k),), torch.int64)
-        probs = self._recv((batch, k, vocab), torch.float32) if has_probs else None
+        step, batch, k, has_probs, vocab, _ = self._recv((_HEADER,), torch.int64, "drafts").tolist()
+        ints = self._recv((batch * (1 + k),), torch.int64, "drafts")
+        probs = self._recv((batch, k, vocab), torch.float32, "drafts") if has_probs else None
         return DraftPayload(step, ints[:batch].tolist(), ints[batch:].view(batch, k), probs)
 
     def send_verdict(self, payload: VerdictPayload) -> None:
@@ -120,11 +126,11 @@ class DataPlane:
         ids = torch.tensor(payload.seq_ids, dtype=torch.int64, device=self.device)
         body = torch.cat((ids, payload.accepted.to(self.device, torch.int64),
                           payload.tokens.to(self.device, torch.int64).reshape(-1)))
-        self._send([self._header(payload.step, batch, width - 1), body])
+        self._send([self._header(payload.step, batch, width - 1), body], "verdicts")
 
     def recv_verdict(self) -> VerdictPayload:
-        step, batch, k, *_ = self._recv((_HEADER,), torch.int64).tolist()
-        body = self._recv((batch * (k + 3),), torch.int64)
+        step, batch, k, *_ = self._recv((_HEADER,), torch.int64, "verdicts").tolist()
+        body = self._recv((batch * (k + 3),), torch.int64, "verdicts")
         return VerdictPayload(step, body[:batch].tolist(), body[2 * batch :].view(batch, k + 1),
                               body[batch : 2 * batch])
 
