@@ -20,6 +20,7 @@ class DraftExecutor:
 
     def __init__(self, worker: DraftWorker) -> None:
         self.worker = worker
+        self.device = worker.runner.device
         self.plane: DataPlane | None = None
         self.verdict_pending = False
         self.last_step = -1

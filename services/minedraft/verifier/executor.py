@@ -32,6 +32,7 @@ class VerifierExecutor:
 
     def __init__(self, worker: TargetWorker, store: dist.Store, store_host: str, store_port: int) -> None:
         self.worker = worker
+        self.device = worker.runner.device
         self.store = store
         self.store_host = store_host
         self.store_port = store_port

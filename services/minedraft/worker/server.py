@@ -15,6 +15,7 @@ from concurrent import futures
 from typing import Protocol
 
 import grpc
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from minedraft.proto import control_pb2, control_pb2_grpc
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 class StepExecutor(Protocol):
     role: str
+    device: torch.device
 
     def handle_plan(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent: ...
 
@@ -60,6 +62,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
             self._lock.release()
 
     def _run(self, messages: Iterator[control_pb2.ControlMessage], events: queue.Queue) -> None:
+        bind_thread_to_device(self.executor.device)
         try:
             for msg in messages:
                 kind = msg.WhichOneof("body")
@@ -74,6 +77,13 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
             events.put(control_pb2.WorkerEvent(error=f"{type(exc).__name__}: {exc}"))
         finally:
             events.put(None)
+
+
+def bind_thread_to_device(device: torch.device) -> None:
+    """The CUDA current device is per host thread: the loop thread must select the worker's GPU,
+    or kernels launch against GPU 0 with pointers on another GPU."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def serve_worker(executor: StepExecutor, host: str, port: int) -> tuple[grpc.Server, int]:
