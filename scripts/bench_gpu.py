@@ -131,7 +131,7 @@ def greedy_acceptance(inproc: InProcess, k: int = 4) -> float:
 
 
 def calibrate(shape: str, draft_layers: int, targets: list[float],
-              grid: tuple[float, ...] = (0.05, 0.15, 0.4, 1.0, 2.5)) -> dict[float, float]:
+              grid: tuple[float, ...] = (0.003, 0.008, 0.02, 0.05)) -> dict[float, float]:
     """alpha for each target acceptance: measure a fixed alpha grid once (the draft is built
     once), then interpolate acceptance linearly in log(alpha). The sweep reports the
     acceptance it then measures, not the goal."""
