@@ -99,26 +99,17 @@ class LLMEngine:
         cls, target_dir: str | Path, draft_dir: str | Path | None, config: EngineConfig
     ) -> LLMEngine:
         config.validate()
-        target = TargetWorker(
-            ModelRunner(
-                load_model(target_dir, config.device, config.dtype),
-                config.num_blocks,
-                config.block_size,
-                config.device,
-            )
-        )
+
+        def runner(folder: str | Path) -> ModelRunner:
+            model = load_model(folder, config.device, config.dtype)
+            return ModelRunner(model, config.num_blocks, config.block_size, config.device)
+
         draft = None
         if config.mode == "sd":
             if draft_dir is None:
                 raise InvalidRequestError("mode 'sd' needs a draft model folder")
-            draft = DraftWorker(
-                ModelRunner(
-                    load_model(draft_dir, config.device, config.dtype),
-                    config.num_blocks,
-                    config.block_size,
-                    config.device,
-                )
-            )
+            draft = DraftWorker(runner(draft_dir))
+        target = TargetWorker(runner(target_dir))
         return cls(target, draft, Tokenizer(target_dir), config)
 
     @property

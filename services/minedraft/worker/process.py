@@ -1,0 +1,47 @@
+"""Start-up and shutdown shared by the verifier and draft service processes."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from collections.abc import Callable
+
+import torch
+
+from minedraft.engine.loader import load_model, parse_dtype
+from minedraft.engine.model import CausalLM
+from minedraft.engine.runner import ModelRunner
+from minedraft.worker.server import StepExecutor, serve_worker
+from minedraft.worker.settings import pin_cpus
+
+
+def select_device(device: str) -> None:
+    """NCCL needs each process's current CUDA device set before the data plane forms."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+
+
+def wait_for_signal() -> None:
+    """Block until SIGTERM/SIGINT; Kubernetes sends SIGTERM to drain."""
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+
+
+def run_worker(args: argparse.Namespace, name: str, make_executor: Callable[[ModelRunner], StepExecutor]) -> int:
+    """Pin, load the model, serve the control plane until a signal, then stop cleanly."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    pin_cpus(args.cpu)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    select_device(args.device)
+    model: CausalLM = load_model(args.model, args.device, parse_dtype(args.dtype))
+    executor = make_executor(ModelRunner(model, args.num_blocks, args.block_size, args.device))
+    server, port = serve_worker(executor, args.host, args.port)
+    logging.info("%s ready on %s:%d", name, args.host, port)
+    wait_for_signal()
+    server.stop(grace=2).wait()
+    return 0
