@@ -34,6 +34,7 @@ ARCH_CONFIGS = {
         },
     ),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "mistral_window": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 6}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24}),
 }
