@@ -13,6 +13,7 @@ from minedraft.engine.errors import ModelLoadError
 from minedraft.engine.layers import rope_inverse_frequencies
 from minedraft.engine.model import CausalLM
 from minedraft.engine.synthetic import build_synthetic, is_synthetic
+from minedraft.engine.tensor_parallel import TPContext, local_config, read_shard
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -47,8 +48,9 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def load_state(model: CausalLM, files: list[Path]) -> None:
-    """Copy every checkpoint tensor into the parameter of the same name, checking shapes."""
+def load_state(model: CausalLM, files: list[Path], tp: TPContext) -> None:
+    """Copy every checkpoint tensor (this rank's shard of it) into the parameter of the same
+    name, checking shapes."""
     params = dict(model.named_parameters(remove_duplicate=False))
     seen: set[str] = set()
     tied = model.config.tie_word_embeddings
@@ -65,12 +67,13 @@ def load_state(model: CausalLM, files: list[Path]) -> None:
                     raise ModelLoadError(f"{path.name}: unexpected tensor {name!r} for this architecture")
                 if tied and name == "lm_head.weight":
                     continue
-                tensor = f.get_tensor(name)
+                tensor = read_shard(f, name, tp)
                 target = params[name]
                 if tuple(tensor.shape) != tuple(target.shape):
                     raise ModelLoadError(
                         f"{path.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
                         f"config.json implies {tuple(target.shape)}"
+                        + (f" on tensor-parallel rank {tp.rank} of {tp.size}" if tp.size > 1 else "")
                     )
                 with torch.no_grad():
                     target.copy_(tensor.to(target.dtype))
@@ -82,25 +85,29 @@ def load_state(model: CausalLM, files: list[Path]) -> None:
 
 
 def load_model(
-    folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    folder: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    tp: TPContext | None = None,
 ) -> CausalLM:
     """Build the model a folder describes and fill it with the folder's weights.
 
     A `synthetic:...` spec instead builds a benchmark pair member (see engine/synthetic.py).
     """
+    tp = tp or TPContext()
     if is_synthetic(str(folder)):
-        return build_synthetic(str(folder), device, dtype)
+        return build_synthetic(str(folder), device, dtype, tp=tp)
     path = Path(folder)
     if not path.is_dir():
         raise ModelLoadError(f"model folder {folder} does not exist")
-    cfg: ModelConfig = load_model_config(path)
+    cfg: ModelConfig = local_config(load_model_config(path), tp)
     files = safetensors_files(path)
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = CausalLM(cfg, tp.reducer())
     model = model.to_empty(device=device).to(dtype)
     # Rotary frequencies stay float32 whatever the weight dtype, as in the reference.
     model.model.rotary.inv_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope).to(device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    load_state(model, files)
+    load_state(model, files, tp)
     return model.eval()

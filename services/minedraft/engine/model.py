@@ -6,6 +6,8 @@ and so on) so safetensors load by name with no renaming table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -50,9 +52,19 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(batch, width, -1))
 
 
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """Pre-norm block; `reduce` sums the row-parallel partial outputs under tensor parallelism."""
+
+    def __init__(self, cfg: ModelConfig, reduce: Reduce = _identity) -> None:
         super().__init__()
+        self.reduce = reduce
         self.self_attn = Attention(cfg)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -65,17 +77,17 @@ class DecoderLayer(nn.Module):
         kv: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.reduce(self.self_attn(self.input_layernorm(x), cos_sin, kv, meta))
+        return x + self.reduce(self.mlp(self.post_attention_layernorm(x)))
 
 
 class DecoderBody(nn.Module):
     """Embedding, decoder layers and final norm (the `model.` prefix of HF checkpoints)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, reduce: Reduce = _identity) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, reduce) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope)
 
@@ -83,10 +95,10 @@ class DecoderBody(nn.Module):
 class CausalLM(nn.Module):
     """The full model: hidden states from `forward`, logits from `logits`."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, reduce: Reduce = _identity) -> None:
         super().__init__()
         self.config = cfg
-        self.model = DecoderBody(cfg)
+        self.model = DecoderBody(cfg, reduce)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

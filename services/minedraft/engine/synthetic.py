@@ -24,6 +24,7 @@ from minedraft.engine.config import ModelConfig, RopeConfig
 from minedraft.engine.errors import ModelLoadError
 from minedraft.engine.layers import rope_inverse_frequencies
 from minedraft.engine.model import CausalLM
+from minedraft.engine.tensor_parallel import TPContext, local_config, take_shard
 
 SHAPES: dict[str, ModelConfig] = {
     "llama3-8b": ModelConfig(
@@ -65,27 +66,43 @@ def _layer_index(name: str) -> int | None:
     return int(parts[2]) if len(parts) > 2 and parts[1] == "layers" else None
 
 
-def build_synthetic(
-    spec: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, seed: int = 0
-) -> CausalLM:
-    shape, role, alpha, draft_layers = parse_spec(spec)
-    cfg = SHAPES[shape]
-    if role == "draft":
-        cfg = replace(cfg, num_layers=draft_layers)
+def full_parameter_shapes(cfg: ModelConfig) -> list[tuple[str, torch.Size]]:
+    """Full (unsharded) parameter shapes, without allocating anything."""
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        return [(n, p.shape) for n, p in CausalLM(cfg).named_parameters()]
+
+
+def build_synthetic(
+    spec: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    tp: TPContext | None = None,
+) -> CausalLM:
+    tp = tp or TPContext()
+    shape, role, alpha, draft_layers = parse_spec(spec)
+    full = SHAPES[shape]
+    if role == "draft":
+        full = replace(full, num_layers=draft_layers)
+    cfg = local_config(full, tp)
+    with torch.device("meta"):
+        model = CausalLM(cfg, tp.reducer())
     model = model.to_empty(device=device).to(dtype)
     model.model.rotary.inv_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope).to(device)
     hidden_std = cfg.hidden_size**-0.5
+    full_shapes = dict(full_parameter_shapes(full))
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
                 continue
-            std = hidden_std if param.shape[-1] == cfg.hidden_size else param.shape[-1] ** -0.5
+            shape_full = full_shapes[name]
+            std = hidden_std if shape_full[-1] == cfg.hidden_size else shape_full[-1] ** -0.5
             if name == "model.embed_tokens.weight":
                 std = 1.0
-            value = _seeded_normal(tuple(param.shape), name, seed, std, device, dtype)
+            # Every rank draws the full tensor from the same generator and keeps its shard,
+            # so any tensor-parallel size reproduces the same model.
+            value = take_shard(_seeded_normal(tuple(shape_full), name, seed, std, device, dtype), name, tp)
             layer = _layer_index(name)
             if layer is not None and layer >= draft_layers and name.endswith(("o_proj.weight", "down_proj.weight")):
                 value = value * alpha

@@ -1,0 +1,60 @@
+"""Tensor-parallel target on two CPU ranks (gloo) equals the single-process model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from minedraft.engine.engine import EngineConfig, LLMEngine
+from minedraft.engine.errors import ModelLoadError
+from minedraft.engine.loader import load_model
+from minedraft.engine.runner import ModelRunner
+from minedraft.engine.sampling import SamplingParams
+from minedraft.engine.tensor_parallel import TPContext
+from minedraft.engine.tokenizer import Tokenizer
+from minedraft.engine.verifier import TargetWorker
+from tests.conftest import make_hf_model
+
+PROMPTS = [[5, 9, 13, 2, 7], [3] * 9, [11, 12]]
+IDS = [4, 8, 15, 16, 23, 42, 7, 1, 9, 30, 31]
+
+
+def run_model(model_dir: Path, tp: TPContext) -> tuple[torch.Tensor, list[list[int]], int]:
+    model = load_model(model_dir, "cpu", torch.float32, tp=tp)
+    logits = ModelRunner(model, 64, 4).forward([0], [IDS], [0], last_n=len(IDS))
+    engine = LLMEngine(TargetWorker(ModelRunner(model, 128, 4)), None, Tokenizer(model_dir), EngineConfig(mode="ar"))
+    reqs = engine.generate(PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))
+    return logits, [r.output_ids for r in reqs], model.config.num_kv_heads
+
+
+def tp_rank(rank: int, world: int, init_file: str, model_dir: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        logits, tokens, kv_heads = run_model(Path(model_dir), TPContext(rank, world, dist.group.WORLD))
+        torch.save({"logits": logits, "tokens": tokens, "kv_heads": kv_heads}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_two_rank_tensor_parallel_matches_single_process(tmp_path: Path, arch: str) -> None:
+    make_hf_model(tmp_path / "m", arch, seed=9, **({"head_dim": 16} if arch == "qwen3" else {}))
+    ref_logits, ref_tokens, ref_kv = run_model(tmp_path / "m", TPContext())
+    out = tmp_path / "tp"
+    mp.start_processes(tp_rank, args=(2, str(tmp_path / "init"), str(tmp_path / "m"), str(out)), nprocs=2,
+                       start_method="spawn")
+    for rank in range(2):
+        got = torch.load(f"{out}.{rank}")
+        assert float((got["logits"] - ref_logits).norm() / ref_logits.norm()) < 1e-5
+        assert got["tokens"] == ref_tokens
+        assert got["kv_heads"] == ref_kv // 2  # each rank caches only its own kv heads
+
+
+def test_indivisible_shapes_are_refused(tmp_path: Path) -> None:
+    make_hf_model(tmp_path / "m", "llama", num_key_value_heads=1)
+    with pytest.raises(ModelLoadError, match=r"num_key_value_heads \(1\) is not divisible"):
+        load_model(tmp_path / "m", tp=TPContext(rank=0, size=2))
