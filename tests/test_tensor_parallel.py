@@ -58,3 +58,31 @@ def test_indivisible_shapes_are_refused(tmp_path: Path) -> None:
     make_hf_model(tmp_path / "m", "llama", num_key_value_heads=1)
     with pytest.raises(ModelLoadError, match=r"num_key_value_heads \(1\) is not divisible"):
         load_model(tmp_path / "m", tp=TPContext(rank=0, size=2))
+
+
+def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path) -> None:
+    """Verifier rank 0 drives rank 1 step by step; greedy PSD output is still exactly AR."""
+    import asyncio
+
+    from minedraft.cli.stack import LocalStack, StackConfig, free_port
+    from tests.test_psd_stack import grpc_stream, worker_info
+
+    make_hf_model(tmp_path / "target", "qwen2", seed=21)
+    make_hf_model(tmp_path / "draft", "qwen2", seed=22, num_hidden_layers=1)
+    prompts = [[3 + i, 7, 9 + i] for i in range(6)]
+    engine = LLMEngine.from_folders(tmp_path / "target", None, EngineConfig(mode="ar"))
+    expected = [r.output_ids for r in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
+    cfg = StackConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), grpc_port=free_port(),
+                      http_port=free_port(), k=3, num_blocks=256, tp_size=2, log_dir=tmp_path / "logs")
+    stack = LocalStack(cfg)
+    try:
+        stack.start(timeout=120)
+        assert "verifier-tp1" in stack.procs
+
+        async def run_all() -> list[list[int]]:
+            return await asyncio.gather(*(grpc_stream(stack, p, 24, 0.02 * i) for i, p in enumerate(prompts)))
+
+        assert asyncio.run(run_all()) == expected
+        assert worker_info(stack.target_port).num_blocks == 256
+    finally:
+        stack.stop()

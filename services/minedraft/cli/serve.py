@@ -22,6 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=("psd", "sd", "ar", "auto"), default="psd")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker process")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="tensor-parallel ranks for the target; --target-device may list one device per rank")
     p.set_defaults(run=run)
 
 
@@ -29,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     stack = LocalStack(StackConfig(
         target=args.target, draft=args.draft, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
         target_device=args.target_device, draft_device=args.draft_device, mode=args.mode, k=args.k,
-        threads=args.threads,
+        threads=args.threads, tp_size=args.tp_size,
     ))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -35,6 +35,7 @@ class StackConfig:
     num_blocks: int = 4096
     dtype: str = "float32"
     tokenizer: str | None = None  # default: the target folder
+    tp_size: int = 1  # tensor-parallel ranks of the target; target_device may list one device per rank
     data_plane_backend: str = "gloo"
     log_dir: Path | None = None
     target_cpu: str = ""
@@ -64,9 +65,15 @@ class LocalStack:
 
     def start_verifier(self) -> None:
         c = self.cfg
-        self._spawn("verifier", ["verifier", "--model", c.target, "--host", "127.0.0.1", "--port",
-                                 str(self.target_port), "--device", c.target_device, "--threads", str(c.threads),
-                                 "--num-blocks", str(c.num_blocks), "--cpu", c.target_cpu, "--dtype", c.dtype])
+        devices = c.target_device.split(",")
+        tp_addr = f"127.0.0.1:{free_port()}"
+        for rank in range(c.tp_size):
+            device = devices[rank % len(devices)]
+            self._spawn("verifier" if rank == 0 else f"verifier-tp{rank}", [
+                "verifier", "--model", c.target, "--host", "127.0.0.1", "--port", str(self.target_port),
+                "--device", device, "--threads", str(c.threads), "--num-blocks", str(c.num_blocks),
+                "--cpu", c.target_cpu, "--dtype", c.dtype, "--tp-size", str(c.tp_size), "--tp-rank", str(rank),
+                "--tp-addr", tp_addr])
 
     def start_draft(self) -> None:
         c = self.cfg
@@ -104,7 +111,7 @@ class LocalStack:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for name, proc in self.procs.items():
-                if proc.poll() is not None and name != "draft":
+                if proc.poll() is not None and name != "draft":  # the draft may come and go
                     raise RuntimeError(f"{name} exited with code {proc.returncode} during start-up")
             if self.health() is not None:
                 return

@@ -7,7 +7,7 @@ import argparse
 from minedraft.draft_service.executor import DraftExecutor
 from minedraft.engine.drafter import DraftWorker
 from minedraft.engine.runner import ModelRunner
-from minedraft.worker.process import run_worker
+from minedraft.worker.process import prepare_process, run_worker
 from minedraft.worker.settings import add_worker_flags
 
 
@@ -21,4 +21,5 @@ def run(args: argparse.Namespace) -> int:
     def make_executor(runner: ModelRunner) -> DraftExecutor:
         return DraftExecutor(DraftWorker(runner))
 
+    prepare_process(args, "draft service")
     return run_worker(args, "draft service", make_executor)

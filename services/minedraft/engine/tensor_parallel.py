@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
-import torch.distributed as dist
 
 from minedraft.engine.config import ModelConfig
 from minedraft.engine.errors import ModelLoadError
@@ -31,15 +30,16 @@ class TPContext:
 
     rank: int = 0
     size: int = 1
-    group: dist.ProcessGroup | None = None
+    group: object | None = None  # a ProcessGroup or a bare c10d backend (ProcessGroupGloo / ProcessGroupNCCL)
 
     def reducer(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """Sum partial outputs of row-parallel layers across ranks (identity without TP)."""
-        if self.size == 1:
+        if self.size == 1 or self.group is None:
             return lambda x: x
+        group = self.group
 
         def all_reduce(x: torch.Tensor) -> torch.Tensor:
-            dist.all_reduce(x, group=self.group)
+            group.allreduce([x]).wait()  # type: ignore[attr-defined]
             return x
 
         return all_reduce

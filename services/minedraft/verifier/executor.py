@@ -12,6 +12,7 @@ from minedraft.engine.verifier import TargetWorker
 from minedraft.proto import control_pb2
 from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError, DraftPayload, VerdictPayload
 from minedraft.worker.plan import apply_membership, timed, worker_info
+from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, KIND_STOP, StepBroadcast
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +28,44 @@ def align_drafts(payload: DraftPayload, seq_ids: list[int]) -> Proposal:
     return Proposal(payload.tokens[rows], probs)
 
 
+def verify_ids(worker: TargetWorker, plan: control_pb2.StepPlan) -> list[int]:
+    return [s for s in plan.verify_batch if s in worker.seqs]
+
+
+def forget_all(worker: TargetWorker) -> None:
+    for seq_id in list(worker.seqs):
+        worker.remove(seq_id)
+
+
+def follow(worker: TargetWorker, channel: StepBroadcast) -> None:
+    """A tensor-parallel rank > 0: run every step rank 0 announces, until told to stop."""
+    while True:
+        msg = channel.receive()
+        if msg.kind == KIND_STOP:
+            return
+        if msg.kind == KIND_RESET:
+            forget_all(worker)
+            continue
+        assert msg.plan is not None
+        apply_membership(worker, msg.plan)
+        ids = verify_ids(worker, msg.plan)
+        if ids:
+            worker.verify(ids, msg.proposal)
+
+
 class VerifierExecutor:
     role = "target"
 
-    def __init__(self, worker: TargetWorker, store: dist.Store, store_host: str, store_port: int) -> None:
+    def __init__(
+        self,
+        worker: TargetWorker,
+        store: dist.Store,
+        store_host: str,
+        store_port: int,
+        followers: StepBroadcast | None = None,
+    ) -> None:
         self.worker = worker
+        self.followers = followers  # tensor-parallel ranks 1..N-1, driven step by step
         self.device = worker.runner.device
         self.store = store
         self.store_host = store_host
@@ -41,8 +75,9 @@ class VerifierExecutor:
         self.last_step = -1
 
     def reset(self) -> None:
-        for seq_id in list(self.worker.seqs):
-            self.worker.remove(seq_id)
+        if self.followers is not None:
+            self.followers.send(KIND_RESET)
+        forget_all(self.worker)
         self._drop_plane()
         self.drafts_pending = False
 
@@ -70,8 +105,6 @@ class VerifierExecutor:
     def handle_plan(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent:
         event = control_pb2.WorkerEvent(step=plan.step)
         timing = event.timing
-        with timed(timing, "control_ms"):
-            apply_membership(self.worker, plan)
         payload = None
         try:
             payload = self._receive_drafts(timing)
@@ -80,11 +113,15 @@ class VerifierExecutor:
             self._drop_plane()
             event.data_plane_lost = True
         self.drafts_pending = plan.with_drafts and len(plan.draft_batch) > 0 and self.plane is not None
-        ids = [s for s in plan.verify_batch if s in self.worker.seqs]
+        with timed(timing, "control_ms"):
+            apply_membership(self.worker, plan)
+        ids = verify_ids(self.worker, plan)
         timing.batch = len(ids)
         if ids:
             # Drafts that arrive for an AR plan (drafting was just switched off) are dropped.
             proposal = align_drafts(payload, ids) if payload is not None and plan.with_drafts else None
+            if self.followers is not None:
+                self.followers.send(KIND_PLAN, plan, proposal)
             with timed(timing, "compute_ms"):
                 verdict = self.worker.verify(ids, proposal)
             counts = verdict.counts.tolist()
@@ -95,6 +132,8 @@ class VerifierExecutor:
             event.verdicts.tokens.extend(t for row, c in zip(rows, counts, strict=True) for t in row[:c])
             tokens, accepted = verdict.tokens, verdict.accepted
         else:
+            if self.followers is not None:
+                self.followers.send(KIND_PLAN, plan, None)
             tokens = torch.zeros((0, plan.k + 1), dtype=torch.long)
             accepted = torch.zeros(0, dtype=torch.long)
         if plan.send_verdict and len(plan.verify_batch) > 0 and self.plane is not None:

@@ -1,28 +1,49 @@
-"""`minedraft verifier`: the target verifier service on its own."""
+"""`minedraft verifier`: the target verifier service on its own (one process per TP rank)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 
+import torch
+
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.verifier import TargetWorker
-from minedraft.verifier.executor import VerifierExecutor
+from minedraft.verifier.executor import VerifierExecutor, follow
 from minedraft.worker.data_plane import host_store
-from minedraft.worker.process import run_worker
+from minedraft.worker.process import load_runner, prepare_process, run_worker
 from minedraft.worker.settings import add_worker_flags
+from minedraft.worker.tp_group import KIND_STOP, StepBroadcast, join_tp_group
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("verifier", help="run the target verifier service")
+    p = sub.add_parser("verifier", help="run the target verifier service (one process per TP rank)")
     add_worker_flags(p, "target")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    prepare_process(args, "verifier" if args.tp_rank == 0 else f"verifier-tp{args.tp_rank}")
+    tp = None
+    channel = None
+    if args.tp_size > 1:
+        host, _, port = args.tp_addr.rpartition(":")
+        tp, _store = join_tp_group(host, int(port), args.tp_rank, args.tp_size, torch.device(args.device))
+        channel = StepBroadcast(tp, torch.device(args.device))
+    if tp is not None and tp.rank > 0:
+        assert channel is not None
+        worker = TargetWorker(load_runner(args, tp))
+        logging.info("tensor-parallel rank %d of %d following rank 0", tp.rank, tp.size)
+        follow(worker, channel)
+        return 0
+
     def make_executor(runner: ModelRunner) -> VerifierExecutor:
         store = host_store(args.host, args.data_port)
         logging.info("data plane rendezvous store on %s:%d", args.host, store.port)
-        return VerifierExecutor(TargetWorker(runner), store, args.host, store.port)
+        return VerifierExecutor(TargetWorker(runner), store, args.host, store.port, channel)
 
-    return run_worker(args, "verifier", make_executor)
+    try:
+        return run_worker(args, "verifier", make_executor, tp)
+    finally:
+        if channel is not None:
+            channel.send(KIND_STOP)

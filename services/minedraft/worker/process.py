@@ -13,6 +13,7 @@ import torch
 from minedraft.engine.loader import load_model, parse_dtype
 from minedraft.engine.model import CausalLM
 from minedraft.engine.runner import ModelRunner
+from minedraft.engine.tensor_parallel import TPContext
 from minedraft.worker.server import StepExecutor, serve_worker
 from minedraft.worker.settings import pin_cpus
 
@@ -31,15 +32,25 @@ def wait_for_signal() -> None:
     done.wait()
 
 
-def run_worker(args: argparse.Namespace, name: str, make_executor: Callable[[ModelRunner], StepExecutor]) -> int:
-    """Pin, load the model, serve the control plane until a signal, then stop cleanly."""
+def prepare_process(args: argparse.Namespace, name: str) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
     pin_cpus(args.cpu)
     if args.threads:
         torch.set_num_threads(args.threads)
     select_device(args.device)
-    model: CausalLM = load_model(args.model, args.device, parse_dtype(args.dtype))
-    executor = make_executor(ModelRunner(model, args.num_blocks, args.block_size, args.device))
+
+
+def load_runner(args: argparse.Namespace, tp: TPContext | None = None) -> ModelRunner:
+    model: CausalLM = load_model(args.model, args.device, parse_dtype(args.dtype), tp=tp)
+    return ModelRunner(model, args.num_blocks, args.block_size, args.device)
+
+
+def run_worker(
+    args: argparse.Namespace, name: str, make_executor: Callable[[ModelRunner], StepExecutor],
+    tp: TPContext | None = None,
+) -> int:
+    """Load the model, serve the control plane until a signal, then stop cleanly."""
+    executor = make_executor(load_runner(args, tp))
     server, port = serve_worker(executor, args.host, args.port)
     logging.info("%s ready on %s:%d", name, args.host, port)
     wait_for_signal()

@@ -30,6 +30,12 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--cpu", default=env("CPU", ""),
                         help="pin this process to these CPU cores, e.g. 0 or 0-3 [MINEDRAFT_CPU]")
     if role == "target":
+        parser.add_argument("--tp-size", type=int, default=int(env("TP_SIZE", "1")),
+                            help="tensor-parallel ranks of the target [MINEDRAFT_TP_SIZE]")
+        parser.add_argument("--tp-rank", type=int, default=int(env("TP_RANK", "0")),
+                            help="this process's rank; rank 0 serves the control plane [MINEDRAFT_TP_RANK]")
+        parser.add_argument("--tp-addr", default=env("TP_ADDR", "127.0.0.1:29650"),
+                            help="host:port of rank 0's tensor-parallel rendezvous [MINEDRAFT_TP_ADDR]")
         parser.add_argument("--data-port", type=int, default=int(env("DATA_PORT", "0")),
                             help="data-plane rendezvous port, 0 = any free [MINEDRAFT_DATA_PORT]")
 
