@@ -53,6 +53,7 @@ class GraphCache:
     def replay(
         self, ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor, tables: torch.Tensor, last_n: int
     ) -> torch.Tensor:
+        """Inputs are device tensors (device-to-device copies into the static buffers)."""
         batch, width = ids.shape
         bucket = self.bucket(batch)
         assert bucket is not None
@@ -61,11 +62,11 @@ class GraphCache:
         step.ids[batch:].zero_()
         step.ids[:batch].copy_(ids)
         step.starts.zero_()
-        step.starts[:batch].copy_(starts, non_blocking=True)
+        step.starts[:batch].copy_(starts)
         step.query_lens.zero_()
-        step.query_lens[:batch].copy_(query_lens, non_blocking=True)
+        step.query_lens[:batch].copy_(query_lens)
         step.tables.zero_()
-        step.tables[:batch, : tables.shape[1]].copy_(tables, non_blocking=True)
+        step.tables[:batch, : tables.shape[1]].copy_(tables)
         step.graph.replay()
         return step.logits[:batch].clone()
 

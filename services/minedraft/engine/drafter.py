@@ -30,7 +30,7 @@ class DraftWorker(Worker):
             st.cached = min(st.cached, st.length - 1)
             self.runner.truncate(st.seq_id, st.cached)
         sampling = self.sampling(seq_ids)
-        lengths = torch.tensor([st.length for st in states], dtype=torch.long, device=self.runner.device)
+        lengths = self.runner.to_device(torch.tensor([st.length for st in states], dtype=torch.long))
         feed = [st.uncached() for st in states]
         logits = self.runner.forward(seq_ids, feed, [st.cached for st in states], last_n=1)
         tokens: list[torch.Tensor] = []

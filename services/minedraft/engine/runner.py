@@ -16,6 +16,7 @@ from minedraft.engine.attention import build_metadata
 from minedraft.engine.cuda_graphs import GraphCache
 from minedraft.engine.kv_cache import BlockAllocator, KVCache
 from minedraft.engine.model import CausalLM
+from minedraft.engine.transfer import to_device
 
 
 def attention_backend(device: torch.device) -> str:
@@ -63,7 +64,10 @@ class ModelRunner:
         ids = torch.zeros((len(tokens), max(lens)), dtype=torch.long)
         for row, toks in enumerate(tokens):
             ids[row, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-        return self.forward_ids(seq_ids, ids.to(self.device, non_blocking=True), starts, lens, last_n)
+        return self.forward_ids(seq_ids, self.to_device(ids), starts, lens, last_n)
+
+    def to_device(self, host: torch.Tensor) -> torch.Tensor:
+        return to_device(host, self.device)
 
     def forward_ids(
         self, seq_ids: list[int], ids: torch.Tensor, starts: list[int], query_lens: list[int], last_n: int
@@ -75,14 +79,9 @@ class ModelRunner:
         start_t = torch.tensor(starts, dtype=torch.long)
         lens_t = torch.tensor(query_lens, dtype=torch.long)
         if self.graphs is not None and self.graphs.can_replay(len(seq_ids), ids.shape[1], last_n, tables.shape[1]):
-            return self.graphs.replay(ids, start_t, lens_t, tables, last_n)
-        return self.run(
-            ids,
-            start_t.to(self.device, non_blocking=True),
-            lens_t.to(self.device, non_blocking=True),
-            tables.to(self.device, non_blocking=True),
-            last_n,
-        )
+            return self.graphs.replay(ids, self.to_device(start_t), self.to_device(lens_t), self.to_device(tables),
+                                      last_n)
+        return self.run(ids, self.to_device(start_t), self.to_device(lens_t), self.to_device(tables), last_n)
 
     @torch.inference_mode()
     def run(

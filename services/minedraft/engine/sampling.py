@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minedraft.engine.errors import InvalidRequestError
+from minedraft.engine.transfer import to_device
 
 # Purposes of a random draw: one independent stream each.
 STREAM_DRAFT = 1  # draft model samples a proposal
@@ -83,10 +84,10 @@ class BatchSampling:
     @classmethod
     def from_params(cls, params: list[SamplingParams], device: torch.device | str = "cpu") -> BatchSampling:
         return cls(
-            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
-            top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            seed=torch.tensor([p.resolved_seed() for p in params], dtype=torch.long, device=device),
+            temperature=to_device(torch.tensor([p.temperature for p in params], dtype=torch.float32), device),
+            top_k=to_device(torch.tensor([p.top_k for p in params], dtype=torch.long), device),
+            top_p=to_device(torch.tensor([p.top_p for p in params], dtype=torch.float32), device),
+            seed=to_device(torch.tensor([p.resolved_seed() for p in params], dtype=torch.long), device),
             all_greedy=all(p.greedy for p in params),
             any_top_k=any(p.top_k > 0 and not p.greedy for p in params),
             any_top_p=any(p.top_p < 1.0 and not p.greedy for p in params),

@@ -27,7 +27,7 @@ class TargetWorker(Worker):
         k = drafts.shape[1]
         logits = self._score(states, drafts)
         sampling = self.sampling(seq_ids)
-        lengths = torch.tensor([st.length for st in states], dtype=torch.long, device=device)
+        lengths = self.runner.to_device(torch.tensor([st.length for st in states], dtype=torch.long))
         positions = lengths.unsqueeze(1) + torch.arange(k + 1, device=device)
         target_probs = logits if sampling.all_greedy else processed_probs(logits, sampling)
         if draft_probs is not None:
@@ -45,7 +45,7 @@ class TargetWorker(Worker):
         seq_ids = [st.seq_id for st in states]
         starts = [st.cached for st in states]
         if all(st.length - st.cached == 1 for st in states):  # steady state: stay on the device
-            last = torch.tensor([st.tokens[-1] for st in states], dtype=torch.long).to(self.runner.device)
+            last = self.runner.to_device(torch.tensor([st.tokens[-1] for st in states], dtype=torch.long))
             ids = torch.cat((last.unsqueeze(1), drafts), dim=1)
             return self.runner.forward_ids(seq_ids, ids, starts, [k + 1] * len(states), last_n=k + 1)
         feed = [st.uncached() + d for st, d in zip(states, drafts.tolist(), strict=True)]
