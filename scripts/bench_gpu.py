@@ -222,7 +222,8 @@ def services_sweep(args: argparse.Namespace, alpha: float, out: Path, ks: list[i
     cfg = StackConfig(
         target=spec(args.shape, "target", alpha, args.draft_layers),
         draft=spec(args.shape, "draft", alpha, args.draft_layers),
-        grpc_port=free_port(), http_port=free_port(), target_device="cuda:0", draft_device="cuda:1",
+        grpc_port=free_port(), http_port=free_port(), tp_size=args.tp_size,
+        target_device=",".join(f"cuda:{r}" for r in range(args.tp_size)), draft_device=f"cuda:{args.tp_size}",
         mode="psd", k=ks[0], threads=4, max_num_seqs=2 * max(ms), num_blocks=args.num_blocks,
         dtype="bfloat16", data_plane_backend="nccl", log_dir=log_dir,
         extra_env={"NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,P2P",
@@ -241,7 +242,8 @@ def services_sweep(args: argparse.Namespace, alpha: float, out: Path, ks: list[i
                 for name, mode, conc in (("SD-2GPU", "sd", m), ("PSD m/2+m/2", "psd", m), ("PSD m+m", "psd", 2 * m)):
                     put_policy(cfg.http_port, mode=mode, k=k, max_num_seqs=conc)
                     row = stack_run(stack, prompts(conc, seed=m), args.max_tokens)
-                    row.update(config=name, k=k, m=m, concurrency=conc, gpus=2, alpha=alpha)
+                    row.update(config=name, k=k, m=m, concurrency=conc, gpus=args.tp_size + 1, alpha=alpha,
+                               tp_size=args.tp_size)
                     log(f"alpha {alpha} k {k} m {m} {name}: {row['tokens_per_s']:.0f} tok/s, step "
                         f"{row['step_ms']:.2f} ms (draft {row['draft_ms']:.2f}, verify {row['verify_ms']:.2f}), "
                         f"overlap {row['overlap_efficiency']:.2f}")
@@ -346,6 +348,9 @@ def main() -> int:
     p.add_argument("--small-ks", default="4", help="k values at the other acceptance levels")
     p.add_argument("--small-ms", default="16,64", help="m values at the other acceptance levels")
     p.add_argument("--deadline-s", type=float, default=1e9, help="start no new phase after this many seconds")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="target ranks for the services half: GPUs 0..tp-1 verify, GPU tp drafts")
+    p.add_argument("--skip-inprocess", action="store_true", help="only the three-service half")
     p.add_argument("--skip-services", action="store_true")
     p.add_argument("--skip-hf", action="store_true")
     args = p.parse_args()
@@ -384,7 +389,8 @@ def main() -> int:
             log(f"deadline reached: acceptance {goal} not measured")
             break
         try:
-            inproc_rows += inprocess_sweep(args, goal, alpha, [args.full_grid], results, *grid(goal))
+            if not args.skip_inprocess:
+                inproc_rows += inprocess_sweep(args, goal, alpha, [args.full_grid], results, *grid(goal))
         except Exception as exc:  # keep what was measured; say what broke
             log(f"in-process sweep failed at alpha {alpha}: {exc!r}")
             results.setdefault("errors", []).append(f"inprocess alpha {alpha}: {exc!r}")
