@@ -36,6 +36,7 @@ def tp_rank(rank: int, world: int, init_file: str, model_dir: str, out: str) -> 
     try:
         logits, tokens, kv_heads = run_model(Path(model_dir), TPContext(rank, world, dist.group.WORLD))
         torch.save({"logits": logits, "tokens": tokens, "kv_heads": kv_heads}, f"{out}.{rank}")
+        dist.barrier()  # nobody tears the group down while the other rank still uses it
     finally:
         dist.destroy_process_group()
 
