@@ -21,81 +21,20 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from minedraft.batch_manager.backend import GenerationChunk, QueueFullError
+from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
+from minedraft.batch_manager.step_stats import Counters, StepRecord
 from minedraft.batch_manager.worker_link import WorkerLink
 from minedraft.engine.errors import InvalidRequestError, ModelLoadError
 from minedraft.engine.request import FINISH_ABORT, Request
 from minedraft.engine.sampling import SamplingParams
 from minedraft.engine.tokenizer import Tokenizer
-from minedraft.engine.validation import validate_k, validate_request
+from minedraft.engine.validation import validate_request
 from minedraft.proto import control_pb2
 
 log = logging.getLogger(__name__)
-
-MODES = ("psd", "sd", "ar", "auto")
-
-
-@dataclass(slots=True)
-class ManagerConfig:
-    mode: str = "psd"
-    k: int = 4
-    max_num_seqs: int = 64
-    max_queue: int = 1024
-    pipeline_depth: int = 2
-    data_plane_backend: str = "gloo"
-    data_plane_timeout_s: int = 20
-    draft_retry_s: float = 1.0
-    auto_min_tokens_per_step: float = 1.3
-    auto_probe_steps: int = 200
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise InvalidRequestError(f"mode must be one of {MODES}, got {self.mode!r}")
-        validate_k(self.k)
-        if self.pipeline_depth < 1 or self.max_num_seqs < 1:
-            raise InvalidRequestError("pipeline_depth and max_num_seqs must be >= 1")
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """What one step cost, as the two workers measured it."""
-
-    step: int
-    with_drafts: bool
-    verify: control_pb2.StepTiming | None = None
-    draft: control_pb2.StepTiming | None = None
-    wall_ms: float = 0.0
-
-
-@dataclass(slots=True)
-class Counters:
-    steps: int = 0
-    tokens: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    verify_steps: int = 0
-    seq_verifies: int = 0
-    fallbacks: int = 0
-    psd_steps: int = 0
-    sd_steps: int = 0
-    ar_steps: int = 0
-    recoveries: int = 0
-    records: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=4096))
-    timing: dict[str, float] = field(default_factory=dict)
-
-    def add_timing(self, side: str, timing: control_pb2.StepTiming, wall_ms: float = 0.0) -> None:
-        """Running sums of the step anatomy; clients difference two snapshots."""
-        t = self.timing
-        if side == "verify":
-            t["steps"] = t.get("steps", 0) + 1
-            t["wall_ms"] = t.get("wall_ms", 0.0) + wall_ms
-        for name in ("compute_ms", "recv_wait_ms", "send_ms", "control_ms"):
-            key = f"{side}_{name}"
-            t[key] = t.get(key, 0.0) + getattr(timing, name)
-
 
 def seq_spec(req: Request) -> control_pb2.SeqSpec:
     p = req.params

@@ -11,7 +11,8 @@ from pathlib import Path
 import uvicorn
 
 from minedraft.batch_manager.admin_api import install_admin_routes
-from minedraft.batch_manager.coordinator import MODES, Coordinator, ManagerConfig
+from minedraft.batch_manager.config import MODES, ManagerConfig
+from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.batch_manager.grpc_api import build_grpc_server
 from minedraft.batch_manager.http_api import build_http_app
 from minedraft.bundled import TINY_TARGET
