@@ -412,6 +412,9 @@ def main() -> int:
         results["nccl_transport"] = transports
         (out / "results.json").write_text(json.dumps(results, indent=1))
     log(f"NCCL transport: {transports}")
+    from gpu_report import report
+
+    log(f"report: {report(results, out)}")
     log("done")
     return 0
 
