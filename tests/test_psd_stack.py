@@ -245,3 +245,24 @@ def test_stop_strings_and_eos_end_requests_through_the_services(stack, random_pa
     resp = httpx.post(f"http://127.0.0.1:{stack.cfg.http_port}/v1/completions", json=body, timeout=60).json()
     assert resp["choices"][0]["finish_reason"] == "stop"
     assert resp["choices"][0]["text"].split() == [f"w{t}" for t in free[:first]]
+
+
+def test_lost_verifier_gives_unavailable_not_a_hang(random_pair, tmp_path) -> None:
+    target, draft = random_pair
+    cfg = StackConfig(target=str(target), draft=str(draft), grpc_port=free_port(), http_port=free_port(), k=3,
+                      mode="ar", num_blocks=256, log_dir=tmp_path)
+    s = LocalStack(cfg)
+    try:
+        s.start(timeout=120)
+        assert asyncio.run(grpc_stream(s, [5, 6], 4, 0)) != []
+        s.kill("verifier")
+        wait_for(lambda: health(s)["status"] == "ok" and httpx.post(
+            f"http://127.0.0.1:{cfg.http_port}/v1/completions", json={"prompt": [5], "max_tokens": 2},
+            timeout=10).status_code == 503)
+        with grpc.insecure_channel(f"127.0.0.1:{cfg.grpc_port}") as channel:
+            stub = generation_pb2_grpc.GenerationStub(channel)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Generate(generation_pb2.GenerateRequest(token_ids=generation_pb2.TokenIds(ids=[5])), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        s.stop()

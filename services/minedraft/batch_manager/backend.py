@@ -19,6 +19,10 @@ class QueueFullError(MinedraftError):
     """Too many requests are waiting; the client should retry later (429 / RESOURCE_EXHAUSTED)."""
 
 
+class UnavailableError(MinedraftError):
+    """The backend cannot serve right now (starting, or its verifier is gone): 503 / UNAVAILABLE."""
+
+
 @dataclass(slots=True)
 class GenerationChunk:
     """Output produced since the previous chunk of the same request."""

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from minedraft.batch_manager.backend import GenerationChunk, QueueFullError
+from minedraft.batch_manager.backend import GenerationChunk, QueueFullError, UnavailableError
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
 from minedraft.batch_manager.step_stats import Counters, StepRecord
@@ -155,7 +155,7 @@ class Coordinator:
 
     def _admit_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
         if not self.healthy:
-            raise QueueFullError("the service is starting; retry shortly")
+            raise UnavailableError("the verifier is not connected (starting, or lost); retry shortly")
         validate_request(prompt_ids, params, self.max_context, self.tokenizer.vocab_size)
         need = self._blocks_needed(len(prompt_ids), params.max_tokens)
         if need > self.block_budget:

@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from minedraft.batch_manager.backend import GenerationBackend, GenerationChunk, QueueFullError
+from minedraft.batch_manager.backend import GenerationBackend, GenerationChunk, QueueFullError, UnavailableError
 from minedraft.engine.errors import InvalidRequestError
 from minedraft.engine.sampling import SamplingParams
 from minedraft.proto import generation_pb2, generation_pb2_grpc
@@ -74,6 +74,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except QueueFullError as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except UnavailableError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except RuntimeError as exc:  # engine failure or backend shut down
             await context.abort(grpc.StatusCode.INTERNAL, str(exc))
 

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Send
 
 from minedraft import __version__
-from minedraft.batch_manager.backend import GenerationBackend, GenerationChunk, QueueFullError
+from minedraft.batch_manager.backend import GenerationBackend, GenerationChunk, QueueFullError, UnavailableError
 from minedraft.batch_manager.chat import chat_prompt_ids
 from minedraft.batch_manager.openai_models import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -106,6 +106,7 @@ def install_error_handlers(app: FastAPI) -> None:
         RequestValidationError: _validation_error,
         InvalidRequestError: _invalid_request,
         QueueFullError: lambda _r, e: error_response(429, str(e), "rate_limit_error", code="rate_limit_exceeded"),
+        UnavailableError: lambda _r, e: error_response(503, str(e), "service_unavailable", code="unavailable"),
         ModelNotFoundError: lambda _r, e: error_response(404, str(e), param="model", code="model_not_found"),
         StarletteHTTPException: lambda _r, e: error_response(e.status_code, str(e.detail)),
         ClientDisconnectedError: lambda _r, _e: error_response(499, "client closed the request"),
