@@ -167,11 +167,23 @@ def ar_bandwidth(inproc: InProcess, context: int = 512, steps: int = 64) -> dict
         runner.forward_ids([0], token, pos, [1], last_n=1)
 
     step_s = time_cuda(one_step, repeats=steps)
+    profile = profile_steps(one_step)
     cfg = inproc.target.config
     weight_bytes = sum(p.numel() * p.element_size() for p in inproc.target.parameters())
     kv_bytes = 2 * cfg.num_layers * (context + 1) * cfg.num_kv_heads * cfg.head_dim * 2
     return {"step_ms": step_s * 1000, "bytes": weight_bytes + kv_bytes,
-            "achieved_GBps": (weight_bytes + kv_bytes) / step_s / 1e9}
+            "achieved_GBps": (weight_bytes + kv_bytes) / step_s / 1e9, "profile": profile}
+
+
+def profile_steps(step, count: int = 10) -> str:
+    """Where a decode step's time goes: top CUDA kernels and host ops over `count` steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(count):
+            step()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)
 
 
 def put_policy(port: int, **policy: object) -> None:
