@@ -79,6 +79,8 @@ def report(results: dict, out_dir: Path) -> Path:
     if bw and c:
         lines += [f"AR decode, batch 1: {fmt(bw['step_ms'], 2)} ms/step, {fmt(bw['achieved_GBps'])} GB/s = "
                   f"{fmt(100 * bw['achieved_GBps'] / c['copy_GBps'])}% of copy bandwidth.", ""]
+        if bw.get("profile"):
+            lines += ["Profile of 10 batch-1 decode steps:", "", "```", bw["profile"].rstrip(), "```", ""]
     if results.get("batch1"):
         lines += ["Batch 1: " + ", ".join(f"{k} = {v if not isinstance(v, float) else fmt(v)}"
                                           for k, v in results["batch1"].items()), ""]
