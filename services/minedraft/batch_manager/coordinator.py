@@ -281,9 +281,6 @@ class Coordinator:
             log.error("%s worker error at step %d: %s", role, event.step, event.error)
         if role == "draft":
             self.counters.add_timing("draft", event.timing)
-            record = self._plan_kind.get(event.step)
-            if record is not None:
-                record.draft = event.timing
             if event.data_plane_lost:
                 self._draft_lost()
             return

@@ -15,7 +15,6 @@ class StepRecord:
     step: int
     with_drafts: bool
     verify: control_pb2.StepTiming | None = None
-    draft: control_pb2.StepTiming | None = None
     wall_ms: float = 0.0
 
 
