@@ -30,6 +30,7 @@ import shlex
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -342,17 +343,21 @@ def log_progress(name: str, step: int, settings: TrainSettings, loss: float, sta
     print(f"[{name}] step {step:5d}/{settings.steps} loss {loss:.4f} elapsed {elapsed:6.1f}s", flush=True)
 
 
-def train_target(model: LlamaForCausalLM, stream: torch.Tensor, settings: TrainSettings) -> PhaseResult:
-    """Train the target with next-token cross-entropy on random windows."""
+def run_training(
+    name: str,
+    model: LlamaForCausalLM,
+    stream: torch.Tensor,
+    settings: TrainSettings,
+    loss_of: Callable[[torch.Tensor], torch.Tensor],
+) -> PhaseResult:
+    """The loop both phases share: random windows, AdamW with warmup+cosine, clipped grads."""
     generator = torch.Generator().manual_seed(settings.seed)
     optimizer, scheduler = build_optimizer(model, settings)
     model.train()
     start = time.perf_counter()
     running = 0.0
     for step in range(settings.steps):
-        batch = sample_windows(stream, settings.batch_size, settings.seq_len, generator)
-        logits = model(input_ids=batch[:, :-1]).logits
-        loss = next_token_loss(logits, batch[:, 1:])
+        loss = loss_of(sample_windows(stream, settings.batch_size, settings.seq_len, generator))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -360,10 +365,19 @@ def train_target(model: LlamaForCausalLM, stream: torch.Tensor, settings: TrainS
         scheduler.step()
         running = loss.item() if step == 0 else 0.9 * running + 0.1 * loss.item()
         if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
-            log_progress("target", step + 1, settings, running, start)
+            log_progress(name, step + 1, settings, running, start)
     model.eval()
     seconds = time.perf_counter() - start
     return PhaseResult(settings.steps, seconds, running, settings.steps * settings.batch_size * settings.seq_len)
+
+
+def train_target(model: LlamaForCausalLM, stream: torch.Tensor, settings: TrainSettings) -> PhaseResult:
+    """Train the target with next-token cross-entropy on random windows."""
+
+    def loss_of(batch: torch.Tensor) -> torch.Tensor:
+        return next_token_loss(model(input_ids=batch[:, :-1]).logits, batch[:, 1:])
+
+    return run_training("target", model, stream, settings, loss_of)
 
 
 def train_draft(
@@ -374,30 +388,15 @@ def train_draft(
     ce_weight: float,
 ) -> PhaseResult:
     """Distil the draft from the frozen target's logits on random windows."""
-    generator = torch.Generator().manual_seed(settings.seed)
-    optimizer, scheduler = build_optimizer(draft, settings)
     target.eval()
-    draft.train()
-    start = time.perf_counter()
-    running = 0.0
-    for step in range(settings.steps):
-        batch = sample_windows(stream, settings.batch_size, settings.seq_len, generator)
+
+    def loss_of(batch: torch.Tensor) -> torch.Tensor:
         inputs = batch[:, :-1]
         with torch.no_grad():
             target_logits = target(input_ids=inputs).logits
-        draft_logits = draft(input_ids=inputs).logits
-        loss = distillation_loss(draft_logits, target_logits, batch[:, 1:], ce_weight)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        running = loss.item() if step == 0 else 0.9 * running + 0.1 * loss.item()
-        if (step + 1) % settings.log_every == 0 or step + 1 == settings.steps:
-            log_progress("draft", step + 1, settings, running, start)
-    draft.eval()
-    seconds = time.perf_counter() - start
-    return PhaseResult(settings.steps, seconds, running, settings.steps * settings.batch_size * settings.seq_len)
+        return distillation_loss(draft(input_ids=inputs).logits, target_logits, batch[:, 1:], ce_weight)
+
+    return run_training("draft", draft, stream, settings, loss_of)
 
 
 # ----------------------------------------------------------------------- evaluation
