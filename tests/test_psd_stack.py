@@ -266,3 +266,21 @@ def test_lost_verifier_gives_unavailable_not_a_hang(random_pair, tmp_path) -> No
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         s.stop()
+
+
+def test_auto_mode_stops_drafting_when_the_draft_does_not_pay(stack, random_pair) -> None:
+    """The random draft almost never agrees with the random target: auto falls back to AR steps."""
+    url = f"http://127.0.0.1:{stack.cfg.http_port}/admin/policy"
+    assert httpx.put(url, json={"mode": "auto"}, timeout=60).status_code == 200
+    try:
+        prompts = [[20 + i, 21, 22] for i in range(4)]
+        before = health(stack)["steps_by_kind"]
+
+        async def run_all() -> list[list[int]]:
+            return await asyncio.gather(*(grpc_stream(stack, p, 60, 0) for p in prompts))
+
+        assert asyncio.run(run_all()) == reference(random_pair, prompts, [60] * 4)
+        after = health(stack)["steps_by_kind"]
+        assert after["ar"] > before["ar"] and after["psd"] + after["sd"] > before["psd"] + before["sd"]
+    finally:
+        httpx.put(url, json={"mode": "psd"}, timeout=60)

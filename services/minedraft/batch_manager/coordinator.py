@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from minedraft.batch_manager.backend import GenerationChunk, QueueFullError, UnavailableError
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
-from minedraft.batch_manager.step_stats import Counters, StepRecord
+from minedraft.batch_manager.step_stats import Counters
 from minedraft.batch_manager.worker_link import WorkerLink
 from minedraft.engine.errors import InvalidRequestError, ModelLoadError
 from minedraft.engine.request import FINISH_ABORT, Request
@@ -89,7 +89,7 @@ class Coordinator:
         self._ids = itertools.count(1)
         self._wake = asyncio.Event()
         self._setup_waiters: dict[str, asyncio.Future[control_pb2.WorkerEvent]] = {}
-        self._plan_kind: dict[int, StepRecord] = {}
+        self._drafted_at: dict[int, int] = {}  # step -> draft tokens per sequence judged in it
         self._tasks: list[asyncio.Task] = []
         self._last_verify_at = 0.0
         self._stopping = False
@@ -255,7 +255,7 @@ class Coordinator:
             plan = control_pb2.StepPlan(add=[*self.draft_adds, *adds], **common)
             self.draft.send(control_pb2.ControlMessage(plan=plan))
             self.draft_adds = []
-        self._plan_kind[self.step] = StepRecord(self.step, with_drafts)
+        self._drafted_at[self.step] = self.config.k if with_drafts else 0
         self._count_step_kind(with_drafts, batches.draft, batches.verify)
         self.pending_remove = []
         self.in_flight += 1
@@ -289,14 +289,13 @@ class Coordinator:
     def _on_verified(self, event: control_pb2.WorkerEvent) -> None:
         self.in_flight -= 1
         now = time.perf_counter()
-        record = self._plan_kind.pop(event.step, StepRecord(event.step, False))
-        record.verify = event.timing
-        record.wall_ms = (now - self._last_verify_at) * 1000.0 if self._last_verify_at else 0.0
+        wall_ms = (now - self._last_verify_at) * 1000.0 if self._last_verify_at else 0.0
         self._last_verify_at = now
-        self.counters.records.append(record)
-        self.counters.add_timing("verify", event.timing, record.wall_ms)
+        self.counters.add_timing("verify", event.timing, wall_ms)
         self.counters.steps += 1
-        drafted = self.config.k if record.with_drafts and not event.data_plane_lost else 0
+        drafted = self._drafted_at.pop(event.step, 0)
+        if event.data_plane_lost:  # the verifier judged this step without drafts
+            drafted = 0
         self._apply_verdicts(event.verdicts, drafted)
         if event.data_plane_lost:
             self._draft_lost()
@@ -314,6 +313,8 @@ class Coordinator:
             offset += count
             self.counters.tokens += count
             self.counters.seq_verifies += 1
+            if drafted:
+                self.counters.note_speculative_tokens(count)
             self.counters.drafted += drafted
             self.counters.accepted += accepted
             req = self.requests.get(seq_id)
@@ -332,11 +333,12 @@ class Coordinator:
         """auto mode: stop drafting while recent steps show it does not pay."""
         if self.config.mode != "auto" or not self._drafting_now():
             return
-        recent = [r for r in list(self.counters.records)[-32:] if r.with_drafts and r.verify and r.verify.batch]
-        if len(recent) < 32:
+        c = self.counters
+        if c.recent_samples < 32:  # judge only on enough speculative verifies since drafting (re)started
             return
-        if self.status()["mean_accepted_length"] < self.config.auto_min_tokens_per_step:
+        if c.recent_tokens_per_seq < self.config.auto_min_tokens_per_step:
             self.drafting_paused_until = self.step + self.config.auto_probe_steps
+            c.reset_recent()
             self.sched.restart_drafting()
 
     def _notify(self, req: Request) -> None:
@@ -404,6 +406,7 @@ class Coordinator:
             return
         self.healthy = False
         self.in_flight = 0
+        self._drafted_at.clear()
         self._fail_all("verifier control stream lost")
 
     def _draft_lost(self) -> None:

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from minedraft.proto import control_pb2
 
 
 @dataclass(slots=True)
-class StepRecord:
-    """What one step cost, as the two workers measured it."""
-
-    step: int
-    with_drafts: bool
-    verify: control_pb2.StepTiming | None = None
-    wall_ms: float = 0.0
-
-
-@dataclass(slots=True)
 class Counters:
+    """Totals since start, plus the recent speculative yield that auto mode decides on."""
+
     steps: int = 0
     tokens: int = 0
     drafted: int = 0
@@ -31,8 +22,18 @@ class Counters:
     sd_steps: int = 0
     ar_steps: int = 0
     recoveries: int = 0
-    records: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=4096))
     timing: dict[str, float] = field(default_factory=dict)
+    recent_tokens_per_seq: float = 0.0  # moving average over speculative verifies only (auto mode)
+    recent_samples: int = 0
+
+    def note_speculative_tokens(self, count: int) -> None:
+        self.recent_samples += 1
+        weight = max(1.0 / self.recent_samples, 0.05)
+        self.recent_tokens_per_seq += weight * (count - self.recent_tokens_per_seq)
+
+    def reset_recent(self) -> None:
+        self.recent_tokens_per_seq = 0.0
+        self.recent_samples = 0
 
     def add_timing(self, side: str, timing: control_pb2.StepTiming, wall_ms: float = 0.0) -> None:
         """Running sums of the step anatomy; clients difference two snapshots."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -99,8 +100,6 @@ class LocalStack:
         self.wait_ready(timeout)
 
     def health(self) -> dict[str, object] | None:
-        import json
-
         try:
             with urllib.request.urlopen(f"http://{self.cfg.host}:{self.cfg.http_port}/health", timeout=2) as r:
                 return json.loads(r.read())
