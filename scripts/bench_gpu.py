@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services"))
 
-from minedraft.bundled import TINY_TARGET  # noqa: E402
+from minedraft.bundled import TINY_DRAFT, TINY_TARGET  # noqa: E402
 from minedraft.cli.bench_psd import fetch_status, run_workload  # noqa: E402
 from minedraft.cli.stack import LocalStack, StackConfig, free_port  # noqa: E402
 from minedraft.engine.drafter import DraftWorker  # noqa: E402
@@ -92,10 +92,9 @@ class InProcess:
     once per (batch bucket, width) and reused across k and m.
     """
 
-    def __init__(self, shape: str, alpha: float, draft_layers: int, num_blocks: int,
-                 draft_model=None) -> None:
-        self.target = load_model(spec(shape, "target", alpha, draft_layers), "cuda:0", torch.bfloat16)
-        self.draft = draft_model or load_model(spec(shape, "draft", alpha, draft_layers), "cuda:0", torch.bfloat16)
+    def __init__(self, target: str, draft: str, num_blocks: int, draft_model=None) -> None:
+        self.target = load_model(target, "cuda:0", torch.bfloat16)
+        self.draft = draft_model or load_model(draft, "cuda:0", torch.bfloat16)
         self.tokenizer = Tokenizer(TINY_TARGET)
         self.target_worker = TargetWorker(ModelRunner(self.target, num_blocks, 16, "cuda:0"))
         self.draft_worker = DraftWorker(ModelRunner(self.draft, num_blocks, 16, "cuda:0"))
@@ -140,7 +139,7 @@ def calibrate(shape: str, draft_layers: int, targets: list[float],
     draft = load_model(spec(shape, "draft", 0.0, draft_layers), "cuda:0", torch.bfloat16)
     points = []
     for alpha in grid:
-        inproc = InProcess(shape, alpha, draft_layers, 512, draft_model=draft)
+        inproc = InProcess(spec(shape, "target", alpha, draft_layers), "", 512, draft_model=draft)
         points.append((alpha, greedy_acceptance(inproc)))
         del inproc
         torch.cuda.empty_cache()
@@ -228,12 +227,12 @@ def nccl_transport(log_dir: Path) -> str:
     return ", ".join(sorted(found)) or "unknown"
 
 
-def services_sweep(args: argparse.Namespace, alpha: float, out: Path, ks: list[int], ms: list[int],
+def services_sweep(args: argparse.Namespace, alpha: float, pair: tuple[str, str], ks: list[int], ms: list[int],
                    time_left) -> tuple[list[dict], str]:
     log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"minedraft_logs_alpha{alpha}"
     cfg = StackConfig(
-        target=spec(args.shape, "target", alpha, args.draft_layers),
-        draft=spec(args.shape, "draft", alpha, args.draft_layers),
+        target=pair[0],
+        draft=pair[1],
         grpc_port=free_port(), http_port=free_port(), tp_size=args.tp_size,
         target_device=",".join(f"cuda:{r}" for r in range(args.tp_size)), draft_device=f"cuda:{args.tp_size}",
         mode="psd", k=ks[0], threads=4, max_num_seqs=2 * max(ms), num_blocks=args.num_blocks,
@@ -302,11 +301,18 @@ def hf_peer(inproc: InProcess, max_tokens: int) -> dict[str, float]:
     return out
 
 
+def pair_of(args: argparse.Namespace, alpha: float) -> tuple[str, str]:
+    """(target, draft) for an alpha; alpha < 0 stands for the bundled tiny pair."""
+    if alpha < 0:
+        return str(TINY_TARGET), str(TINY_DRAFT)
+    return spec(args.shape, "target", alpha, args.draft_layers), spec(args.shape, "draft", alpha, args.draft_layers)
+
+
 def inprocess_sweep(args: argparse.Namespace, goal: float, alpha: float, goals: list[float], results: dict,
                     ks: list[int], ms: list[int]) -> list[dict]:
     rows: list[dict] = []
-    inproc = InProcess(args.shape, alpha, args.draft_layers, args.num_blocks)
-    if goal == goals[0]:
+    inproc = InProcess(*pair_of(args, alpha), args.num_blocks)
+    if goal == goals[0] and alpha >= 0:
         results["ar_bandwidth"] = ar_bandwidth(inproc)
         log(f"AR batch-1 bandwidth: {results['ar_bandwidth']}")
         if not args.skip_hf:
@@ -365,6 +371,7 @@ def main() -> int:
     p.add_argument("--skip-inprocess", action="store_true", help="only the three-service half")
     p.add_argument("--skip-services", action="store_true")
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--tiny", action="store_true", help="also run the bundled tiny pair (k=4, --small-ms)")
     args = p.parse_args()
     args.ks = [int(x) for x in args.ks.split(",")]
     args.ms = [int(x) for x in args.ms.split(",")]
@@ -387,9 +394,13 @@ def main() -> int:
     else:
         alphas = calibrate(args.shape, args.draft_layers, goals)
     results["alphas"] = {str(k): v for k, v in alphas.items()}
+    if args.tiny:
+        alphas["tiny"] = -1.0  # the bundled pair, last: its acceptance is what it is
     inproc_rows: list[dict] = []
 
     def grid(goal: float) -> tuple[list[int], list[int]]:
+        if goal == "tiny":
+            return [4], args.small_ms
         return (args.ks, args.ms) if goal == args.full_grid else (args.small_ks, args.small_ms)
 
     service_rows: list[dict] = []
@@ -412,7 +423,7 @@ def main() -> int:
         if args.skip_services or not time_left():
             continue
         try:
-            rows, transport = services_sweep(args, alpha, out, *grid(goal), time_left)
+            rows, transport = services_sweep(args, alpha, pair_of(args, alpha), *grid(goal), time_left)
             service_rows += rows
             transports[str(alpha)] = transport
         except Exception as exc:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Check the Triton paged-attention and KV-write kernels against the plain-torch reference.
+"""Check the Triton kernels (paged attention, KV write, fused norm/rope/SwiGLU) against the
+plain-torch reference.
 
     python scripts/check_cuda_kernels.py --device cuda            # full sweep + decode benchmark
     TRITON_INTERPRET=1 python scripts/check_cuda_kernels.py --device cpu --quick
@@ -202,6 +203,67 @@ def run_case(case: Case, device, gen):
     return ok, err, written, pad_zero, cache_ok
 
 
+def fused_checks(device, gen) -> int:
+    """The fused element-wise kernels against `engine/fused.py`'s torch code on the same
+    inputs: add+RMSNorm (with and without a residual), rope + KV store from a fused qkv
+    tensor (with padding slots), silu * up. Returns the number of failures."""
+    import torch
+
+    from minedraft.engine import fused
+    from minedraft.engine.attention import AttentionMetadata
+    from minedraft.engine.cuda.fused_kernels import add_rms_norm_triton, rope_store_triton, silu_mul_triton
+
+    def rel(got, want) -> float:
+        got, want = got.float().cpu(), want.float().cpu()
+        return float((got - want).norm() / want.norm().clamp(min=1e-30))
+
+    failures = 0
+    print(f"\n{'fused kernel':<58} {'rel err':>9}  result")
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        for rows, cols, with_res in ((1, 4096, False), (3, 4096, True), (5, 1000, True), (2, 128, True)):
+            x = torch.randn(rows, cols, generator=gen).to(dtype)
+            res = torch.randn(rows, cols, generator=gen).to(dtype) if with_res else None
+            w = (1 + 0.1 * torch.randn(cols, generator=gen)).to(dtype)
+            ref_out, ref_res = fused.add_rms_norm(x, res, w, 1e-5, "torch")
+            res_dev = None if res is None else res.to(device)
+            out, new_res = add_rms_norm_triton(x.to(device), res_dev, w.to(device), 1e-5)
+            err = max(rel(out, ref_out), rel(new_res, ref_res))
+            ok = err < tol
+            failures += not ok
+            print(f"{'add_rms_norm ' + str(dtype)[6:] + f' {rows}x{cols} residual={with_res}':<58} {err:9.2e}  "
+                  f"{'PASS' if ok else 'FAIL'}")
+        shapes = ((1, 1, 32, 8, 128), (3, 5, 16, 4, 128), (2, 3, 7, 1, 64), (4, 1, 4, 2, 32))
+        for batch, width, heads, kvh, dim in shapes:
+            blocks, bs = 16, BLOCK_SIZE
+            qkv = torch.randn(batch, width, (heads + 2 * kvh) * dim, generator=gen).to(dtype)
+            pos = torch.randint(0, 200, (batch, width), generator=gen)
+            slots = torch.randperm(blocks * bs, generator=gen)[: batch * width].view(batch, width)
+            slots[0, -1] = -1  # a padding token: stores nothing
+            inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+            freqs = pos.float().unsqueeze(-1) * inv
+            emb = torch.cat((freqs, freqs), -1).unsqueeze(-2)
+            cos, sin = emb.cos(), emb.sin()
+            meta = AttentionMetadata(pos, slots, torch.zeros(batch, 1, dtype=torch.long), pos[:, 0],
+                                     torch.full((batch,), width), backend="torch")
+            kc, vc = torch.zeros(blocks, bs, kvh, dim, dtype=dtype), torch.zeros(blocks, bs, kvh, dim, dtype=dtype)
+            ref_q = fused.rope_and_store(qkv, (cos, sin), (kc, vc), meta, heads, kvh, dim)
+            dkc, dvc = torch.zeros_like(kc, device=device), torch.zeros_like(vc, device=device)
+            q = rope_store_triton(qkv.to(device), cos.to(device), sin.to(device), slots.to(device), dkc, dvc,
+                                  heads, kvh, dim)
+            err = max(rel(q, ref_q), rel(dkc, kc), rel(dvc, vc))
+            ok = err < tol
+            failures += not ok
+            print(f"{'rope_store ' + str(dtype)[6:] + f' B={batch} Q={width} H={heads} Hkv={kvh} D={dim}':<58} "
+                  f"{err:9.2e}  {'PASS' if ok else 'FAIL'}")
+        for rows, inter in ((1, 14336), (6, 1000)):
+            gu = torch.randn(rows, 2 * inter, generator=gen).to(dtype)
+            err = rel(silu_mul_triton(gu.to(device)), fused.silu_and_mul(gu, "torch"))
+            ok = err < tol
+            failures += not ok
+            print(f"{'silu_mul ' + str(dtype)[6:] + f' {rows}x{inter}':<58} {err:9.2e}  {'PASS' if ok else 'FAIL'}")
+    return failures
+
+
 def graph_check(device) -> bool:
     """CUDA only: capture the kernels in a CUDA graph, change the metadata in place, replay."""
     import torch
@@ -368,6 +430,7 @@ def main() -> int:
             failures += not ok
             print(f"{index:>3}  {case.label():<78} {err_text}  {status}", flush=True)
         print(f"{len(cases) - failures}/{len(cases)} passed in {time.perf_counter() - began:.1f}s")
+        failures += fused_checks(device, gen)
 
     if device_name == "cuda" and not args.no_bench:
         graph_ok = graph_check(device)

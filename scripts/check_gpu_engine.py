@@ -4,7 +4,10 @@
   bundled tiny target, prefill and decode, fp32 and bf16;
 - the greedy agreement of SD with AR on the bundled pair in fp32 and bf16 (exactness is a
   CPU test; on GPU, kernels whose reduction order depends on batch shape can flip near-ties);
-- every KV block is free afterwards.
+- every KV block is free afterwards;
+- with two or more GPUs: the three services with a two-rank tensor-parallel verifier
+  (GPUs 0 and 1, NCCL all-reduce) and the draft on GPU 1, NCCL data plane, in fp32: greedy
+  PSD, SD and AR output against the single-GPU in-process AR engine, token for token.
 Exit code 1 on a failed check.
 """
 
@@ -59,6 +62,52 @@ def decode_check(dtype: torch.dtype) -> tuple[float, bool]:
     return agreement, free
 
 
+def tp_stack_check() -> bool:
+    import asyncio
+    import json
+    import os
+    import tempfile
+    import urllib.request
+
+    from minedraft.cli.bench_psd import generate_all
+    from minedraft.cli.stack import LocalStack, StackConfig, free_port
+    from minedraft.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer(TINY_TARGET)
+    prompts = [tok.encode(p) for p in PROMPTS[:12]]
+    common = {"device": "cuda:0", "dtype": torch.float32, "max_num_seqs": 32, "num_blocks": 1024}
+    ar = LLMEngine.from_folders(TINY_TARGET, None, EngineConfig(mode="ar", **common))
+    expected = [r.output_ids for r in ar.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))]
+    logs = Path(tempfile.mkdtemp(prefix="minedraft_tp_"))
+    cfg = StackConfig(target=str(TINY_TARGET), draft=str(TINY_DRAFT), grpc_port=free_port(), http_port=free_port(),
+                      tp_size=2, target_device="cuda:0,cuda:1", draft_device="cuda:1", mode="psd", k=4,
+                      num_blocks=1024, dtype="float32", data_plane_backend="nccl", log_dir=logs,
+                      extra_env={"NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")})
+    stack = LocalStack(cfg)
+    ok = True
+    try:
+        stack.start(timeout=240)
+        for mode in ("psd", "sd", "ar"):
+            body = json.dumps({"mode": mode}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{cfg.http_port}/admin/policy", body,
+                                         {"Content-Type": "application/json"}, method="PUT")
+            urllib.request.urlopen(req, timeout=120).read()
+            got, _ = asyncio.run(generate_all(cfg.grpc_port, prompts, 40))
+            same = sum(g == e for g, e in zip(got, expected, strict=True))
+            passed = same == len(prompts)
+            ok &= passed
+            print(f"TP=2 verifier (GPUs 0,1) + draft (GPU 1), {mode}, fp32: {same}/{len(prompts)} outputs equal "
+                  f"single-GPU AR {'PASS' if passed else 'FAIL'}")
+    except Exception as exc:
+        print(f"TP=2 stack check failed: {exc!r}")
+        for f in sorted(logs.glob("*.log")):
+            print(f"--- {f.name}\n" + "\n".join(f.read_text(errors="ignore").splitlines()[-15:]))
+        ok = False
+    finally:
+        stack.stop()
+    return ok
+
+
 def main() -> int:
     ok = True
     for dtype, limit in ((torch.float32, 2e-3), (torch.bfloat16, 3e-2)):
@@ -74,6 +123,8 @@ def main() -> int:
         ok &= passed
         print(f"greedy SD vs AR on the bundled pair, {dtype}: token agreement {agreement:.4f}, "
               f"all KV blocks free: {free} {'PASS' if passed else 'FAIL'}")
+    if torch.cuda.device_count() >= 2:
+        ok &= tp_stack_check()
     return 0 if ok else 1
 
 

@@ -12,9 +12,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="/tmp/site:$PWD/services"
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 timeout 120 python3 scripts/check_cuda_kernels.py --device cuda --no-bench > "$OUT/kernels.txt" 2>&1
-tail -3 "$OUT/kernels.txt"
-timeout 120 python3 scripts/check_gpu_engine.py > "$OUT/engine_check.txt" 2>&1
-tail -4 "$OUT/engine_check.txt"
+grep -c PASS "$OUT/kernels.txt"; grep FAIL "$OUT/kernels.txt" | head -5; tail -22 "$OUT/kernels.txt"
+timeout 300 python3 scripts/check_gpu_engine.py > "$OUT/engine_check.txt" 2>&1
+tail -8 "$OUT/engine_check.txt"
 python3 scripts/bench_gpu.py --out "$OUT/bench" "$@" > "$OUT/bench.log" 2>&1
 echo "bench exit $?"
 tail -30 "$OUT/bench.log"

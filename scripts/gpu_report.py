@@ -16,6 +16,11 @@ def fmt(x: float, digits: int = 1) -> str:
     return f"{x:.{digits}f}"
 
 
+def pair_label(alpha: float) -> str:
+    """The synthetic pair's alpha, or the bundled tiny pair (recorded as alpha -1)."""
+    return "tiny pair" if alpha < 0 else str(alpha)
+
+
 def throughput_table(rows: list[dict]) -> list[str]:
     """All configurations side by side per (acceptance, k, m), with ratios to SD-1GPU."""
     by_key: dict[tuple, dict[str, dict]] = defaultdict(dict)
@@ -33,7 +38,7 @@ def throughput_table(rows: list[dict]) -> list[str]:
         for r in (c for c in cells if c is not None):
             ratio = fmt(r["tokens_per_s"] / base["tokens_per_s"], 2) + "x" if base else "-"
             out.append(
-                f"| {alpha} | {k} | {m} | {r['config']} | {r['gpus']} | {r['concurrency']} | "
+                f"| {pair_label(alpha)} | {k} | {m} | {r['config']} | {r['gpus']} | {r['concurrency']} | "
                 f"{fmt(r.get('acceptance', 0.0), 3)} | {fmt(r['tokens_per_s'])} | "
                 f"{fmt(r['tokens_per_s'] / r['gpus'])} | {ratio} | {fmt(r['latency_per_request_s'], 3)} | "
                 f"{fmt(r.get('step_ms', 0.0), 2)} | {fmt(r.get('draft_ms', 0.0), 2)} | "
@@ -59,7 +64,7 @@ def plot(rows: list[dict], path: Path, k: int) -> bool:
                          if r["alpha"] == alpha and r["config"] == config and r["k"] in (k, 0))
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=config)
-        ax.set_title(f"alpha {alpha}, k={k}")
+        ax.set_title(f"{'the bundled tiny pair' if alpha < 0 else f'alpha {alpha}'}, k={k}")
         ax.set_xlabel("m (requests per batch)")
         ax.set_ylabel("tokens/s")
         ax.set_xscale("log", base=2)

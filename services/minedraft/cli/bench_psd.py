@@ -52,22 +52,28 @@ def fetch_status(port: int) -> dict:
         return json.loads(r.read())
 
 
-async def one_request(stub: generation_pb2_grpc.GenerationStub, prompt: list[int], max_tokens: int) -> int:
-    """Unary call: an offline batch, as the paper measures; no per-token streaming cost."""
+async def one_request(stub: generation_pb2_grpc.GenerationStub, prompt: list[int], max_tokens: int) -> list[int]:
+    """Unary greedy call: an offline batch, as the paper measures; no per-token streaming cost."""
     request = generation_pb2.GenerateRequest(
         token_ids=generation_pb2.TokenIds(ids=prompt),
         sampling=generation_pb2.SamplingParameters(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
     )
     response = await stub.Generate(request, timeout=600)
-    return len(response.token_ids)
+    return list(response.token_ids)
 
 
-async def run_workload(grpc_port: int, prompts: list[list[int]], max_tokens: int) -> tuple[int, float]:
+async def generate_all(grpc_port: int, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
+    """Every prompt at once; returns the output ids and the wall time of the whole set."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         start = time.perf_counter()
-        counts = await asyncio.gather(*(one_request(stub, p, max_tokens) for p in prompts))
-        return sum(counts), time.perf_counter() - start
+        outputs = await asyncio.gather(*(one_request(stub, p, max_tokens) for p in prompts))
+        return list(outputs), time.perf_counter() - start
+
+
+async def run_workload(grpc_port: int, prompts: list[list[int]], max_tokens: int) -> tuple[int, float]:
+    outputs, seconds = await generate_all(grpc_port, prompts, max_tokens)
+    return sum(len(o) for o in outputs), seconds
 
 
 def delta(after: dict, before: dict) -> dict[str, float]:

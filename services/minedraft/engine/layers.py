@@ -1,4 +1,8 @@
-"""Building blocks of the Llama family: RMSNorm, rotary embeddings, SwiGLU."""
+"""Building blocks of the Llama family: RMSNorm, rotary embeddings, SwiGLU.
+
+The modules hold the parameters under their checkpoint names; the arithmetic lives in
+`engine/fused.py`, which runs it as fused kernels on CUDA.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from minedraft.engine.config import RopeConfig
+from minedraft.engine.fused import rms_norm, rotate, silu_and_mul
 
 
 class RMSNorm(nn.Module):
@@ -20,10 +25,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
@@ -57,9 +59,27 @@ class RotaryEmbedding(nn.Module):
 
     @staticmethod
     def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x * cos.to(x.dtype)) + (rotated * sin.to(x.dtype))
+        return rotate(x, cos, sin)
+
+
+def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) for linears that share an input, so a step reads it in one matmul.
+
+    Each linear's parameters become views into the fused tensor, so checkpoint names, state
+    dicts and parameter counts are unchanged. Fuse after the model is on its device: moving
+    it afterwards would copy the views apart.
+    """
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    has_bias = linears[0].bias is not None
+    bias = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None  # type: ignore[union-attr]
+    offset = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[offset : offset + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[offset : offset + rows], requires_grad=False)
+        offset += rows
+    return weight, bias
 
 
 class SwiGLU(nn.Module):
@@ -70,6 +90,14 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def fuse(self) -> None:
+        self.gate_up_weight, _ = fuse_linears([self.gate_proj, self.up_proj])
+
+    def forward(self, x: torch.Tensor, backend: str = "torch") -> torch.Tensor:
+        if self.gate_up_weight is None:
+            gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+        else:
+            gate_up = F.linear(x, self.gate_up_weight)
+        return self.down_proj(silu_and_mul(gate_up, backend))

@@ -110,4 +110,4 @@ def load_model(
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     load_state(model, files, tp)
-    return model.eval()
+    return model.fuse_projections().eval()

@@ -10,10 +10,12 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from minedraft.engine.attention import AttentionMetadata, paged_attention, write_kv
 from minedraft.engine.config import ModelConfig
-from minedraft.engine.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from minedraft.engine.fused import add_rms_norm, rope_and_store
+from minedraft.engine.layers import RMSNorm, RotaryEmbedding, SwiGLU, fuse_linears
 
 
 class Attention(nn.Module):
@@ -31,6 +33,16 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.qkv_weight: torch.Tensor | None = None
+        self.qkv_bias: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        self.qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+
+    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qkv_weight is not None:
+            return F.linear(x, self.qkv_weight, self.qkv_bias)
+        return torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
 
     def forward(
         self,
@@ -40,14 +52,17 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         batch, width, _ = x.shape
-        q = self.q_proj(x).view(batch, width, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, width, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, width, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = cos_sin
-        q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
-        write_kv(kv[0], kv[1], k, v, meta)
+        qkv = self.project_qkv(x)
+        if self.q_norm is None or self.k_norm is None:
+            q = rope_and_store(qkv, cos_sin, kv, meta, self.num_heads, self.num_kv_heads, self.head_dim)
+        else:
+            q, k, v = qkv.split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                                 self.num_kv_heads * self.head_dim], dim=-1)
+            q = self.q_norm(q.reshape(batch, width, self.num_heads, self.head_dim))
+            k = self.k_norm(k.reshape(batch, width, self.num_kv_heads, self.head_dim))
+            cos, sin = cos_sin
+            q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
+            write_kv(kv[0], kv[1], k, v.reshape(batch, width, self.num_kv_heads, self.head_dim), meta)
         out = paged_attention(q, kv[0], kv[1], meta, self.scale)
         return self.o_proj(out.reshape(batch, width, -1))
 
@@ -60,7 +75,11 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block; `reduce` sums the row-parallel partial outputs under tensor parallelism."""
+    """Pre-norm block; `reduce` sums the row-parallel partial outputs under tensor parallelism.
+
+    The residual stream travels beside the layer's output so each norm can fold in the
+    preceding residual add (one kernel on CUDA).
+    """
 
     def __init__(self, cfg: ModelConfig, reduce: Reduce = _identity) -> None:
         super().__init__()
@@ -73,12 +92,17 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        x = x + self.reduce(self.self_attn(self.input_layernorm(x), cos_sin, kv, meta))
-        return x + self.reduce(self.mlp(self.post_attention_layernorm(x)))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's (reduced) output, not yet added to `residual`."""
+        norm_in, norm_post = self.input_layernorm, self.post_attention_layernorm
+        h, residual = add_rms_norm(x, residual, norm_in.weight, norm_in.eps, meta.backend)
+        attn = self.reduce(self.self_attn(h, cos_sin, kv, meta))
+        h, residual = add_rms_norm(attn, residual, norm_post.weight, norm_post.eps, meta.backend)
+        return self.reduce(self.mlp(h, meta.backend)), residual
 
 
 class DecoderBody(nn.Module):
@@ -111,10 +135,20 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """Run [B, Q] tokens through the decoder, writing their KV; returns [B, Q, hidden]."""
         x = self.model.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
         cos_sin = self.model.rotary.cos_sin(meta.positions)
         for layer, kv in zip(self.model.layers, kv_caches, strict=True):
-            x = layer(x, cos_sin, kv, meta)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, cos_sin, kv, meta)
+        norm = self.model.norm
+        return add_rms_norm(x, residual, norm.weight, norm.eps, meta.backend)[0]
+
+    def fuse_projections(self) -> CausalLM:
+        """Concatenate q/k/v and gate/up weights (see `layers.fuse_linears`); call once on the
+        final device."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -107,4 +107,4 @@ def build_synthetic(
             if layer is not None and layer >= draft_layers and name.endswith(("o_proj.weight", "down_proj.weight")):
                 value = value * alpha
             param.copy_(value)
-    return model.eval()
+    return model.fuse_projections().eval()
