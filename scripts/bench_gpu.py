@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import itertools
 import json
 import os
@@ -130,7 +131,7 @@ def greedy_acceptance(inproc: InProcess, k: int = 4) -> float:
 
 
 def calibrate(shape: str, draft_layers: int, targets: list[float],
-              grid: tuple[float, ...] = (0.003, 0.008, 0.02, 0.05)) -> dict[float, float]:
+              grid: tuple[float, ...] = (0.003, 0.008, 0.02, 0.05, 0.12)) -> dict[float, float]:
     """alpha for each target acceptance: measure a fixed alpha grid once (the draft is built
     once), then interpolate acceptance linearly in log(alpha). The sweep reports the
     acceptance it then measures, not the goal."""
@@ -165,13 +166,24 @@ def ar_bandwidth(inproc: InProcess, context: int = 512, steps: int = 64) -> dict
     def one_step() -> None:
         runner.forward_ids([0], token, pos, [1], last_n=1)
 
+    def loop() -> None:
+        """Greedy decode with the token fed back on the device: the host prepares step i+1
+        while the GPU runs step i (no per-step synchronisation)."""
+        tok = token
+        for i in range(steps):
+            logits = runner.forward_ids([0], tok, [context + i], [1], last_n=1)
+            tok = logits[:, -1].argmax(-1, keepdim=True)
+
     step_s = time_cuda(one_step, repeats=steps)
+    loop_s = time_cuda(loop, repeats=3) / steps
     profile = profile_steps(one_step)
     cfg = inproc.target.config
     weight_bytes = sum(p.numel() * p.element_size() for p in inproc.target.parameters())
     kv_bytes = 2 * cfg.num_layers * (context + 1) * cfg.num_kv_heads * cfg.head_dim * 2
     return {"step_ms": step_s * 1000, "bytes": weight_bytes + kv_bytes,
-            "achieved_GBps": (weight_bytes + kv_bytes) / step_s / 1e9, "profile": profile}
+            "achieved_GBps": (weight_bytes + kv_bytes) / step_s / 1e9,
+            "loop_step_ms": loop_s * 1000, "loop_GBps": (weight_bytes + kv_bytes) / loop_s / 1e9,
+            "profile": profile}
 
 
 def profile_steps(step, count: int = 10) -> str:
@@ -262,6 +274,36 @@ def services_sweep(args: argparse.Namespace, alpha: float, pair: tuple[str, str]
     finally:
         stack.stop()
     return rows, nccl_transport(log_dir)
+
+
+def host_profile(args: argparse.Namespace, alpha: float, k: int = 4, m: int = 16) -> dict[str, str]:
+    """cProfile of the verifier's and the draft service's loop threads over one PSD m+m run:
+    where each side's per-step host time goes (a separate run; profiling slows the host)."""
+    import pstats
+    import tempfile
+
+    prof_dir = Path(tempfile.mkdtemp(prefix="minedraft_prof_"))
+    target, draft = pair_of(args, alpha)
+    cfg = StackConfig(target=target, draft=draft, grpc_port=free_port(), http_port=free_port(),
+                      target_device="cuda:0", draft_device="cuda:1", mode="psd", k=k, threads=4,
+                      max_num_seqs=2 * m, num_blocks=args.num_blocks, dtype="bfloat16", data_plane_backend="nccl",
+                      tokenizer=str(TINY_TARGET),
+                      extra_env={"NCCL_NVLS_ENABLE": "0", "MINEDRAFT_PROFILE_DIR": str(prof_dir)})
+    stack = LocalStack(cfg)
+    try:
+        stack.start(timeout=300)
+        row = stack_run(stack, prompts(2 * m, seed=5), args.max_tokens)
+        stack.kill("batch-manager")  # ends the workers' streams: they write their stats
+        time.sleep(3)
+    finally:
+        stack.stop()
+    out = {"run": json.dumps({key: round(v, 3) for key, v in row.items() if isinstance(v, float)})}
+    for f in sorted(prof_dir.glob("*.pstats")):
+        buf = io.StringIO()
+        stats = pstats.Stats(str(f), stream=buf)
+        stats.sort_stats("cumulative").print_stats(28)
+        out[f.stem.split("-")[0]] = buf.getvalue()[-9000:]
+    return out
 
 
 def hf_peer(inproc: InProcess, max_tokens: int) -> dict[str, float]:
@@ -360,7 +402,7 @@ def main() -> int:
     p.add_argument("--alphas", default="", help="skip calibration: comma list matching --acceptance")
     p.add_argument("--ks", default="2,4,6")
     p.add_argument("--ms", default="8,16,32,64")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--num-blocks", type=int, default=2048)
     p.add_argument("--full-grid", type=float, default=0.7, help="acceptance level that gets the whole k x m grid")
     p.add_argument("--small-ks", default="4", help="k values at the other acceptance levels")
@@ -371,6 +413,7 @@ def main() -> int:
     p.add_argument("--skip-inprocess", action="store_true", help="only the three-service half")
     p.add_argument("--skip-services", action="store_true")
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--profile-host", action="store_true", help="finish with a cProfile'd PSD run (k=4, m=16)")
     p.add_argument("--tiny", action="store_true", help="also run the bundled tiny pair (k=4, --small-ms)")
     args = p.parse_args()
     args.ks = [int(x) for x in args.ks.split(",")]
@@ -433,6 +476,13 @@ def main() -> int:
             results.setdefault("errors", []).append({"services": alpha, "error": repr(exc), "logs": tails})
         results["services"] = service_rows
         results["nccl_transport"] = transports
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+    if not args.skip_services and args.profile_host and alphas:
+        try:
+            results["host_profile"] = host_profile(args, alphas.get(args.full_grid, next(iter(alphas.values()))))
+            log(f"host profile: {results['host_profile'].get('run')}")
+        except Exception as exc:
+            results.setdefault("errors", []).append(f"host profile: {exc!r}")
         (out / "results.json").write_text(json.dumps(results, indent=1))
     log(f"NCCL transport: {transports}")
     from gpu_report import report

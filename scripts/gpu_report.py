@@ -83,7 +83,12 @@ def report(results: dict, out_dir: Path) -> Path:
     bw = results.get("ar_bandwidth")
     if bw and c:
         lines += [f"AR decode, batch 1: {fmt(bw['step_ms'], 2)} ms/step, {fmt(bw['achieved_GBps'])} GB/s = "
-                  f"{fmt(100 * bw['achieved_GBps'] / c['copy_GBps'])}% of copy bandwidth.", ""]
+                  f"{fmt(100 * bw['achieved_GBps'] / c['copy_GBps'])}% of copy bandwidth (one step, host preparation "
+                  "serial with the GPU).", ""]
+        if "loop_step_ms" in bw:
+            lines += [f"AR decode loop, batch 1, token fed back on the device: {fmt(bw['loop_step_ms'], 2)} ms/step, "
+                      f"{fmt(bw['loop_GBps'])} GB/s = {fmt(100 * bw['loop_GBps'] / c['copy_GBps'])}% of copy "
+                      "bandwidth.", ""]
         if bw.get("profile"):
             lines += ["Profile of 10 batch-1 decode steps:", "", "```", bw["profile"].rstrip(), "```", ""]
     if results.get("batch1"):
@@ -92,6 +97,10 @@ def report(results: dict, out_dir: Path) -> Path:
     if results.get("nccl_transport"):
         lines += [f"NCCL transport: {results['nccl_transport']}", ""]
     lines += throughput_table(rows)
+    for side, text in results.get("host_profile", {}).items():
+        if side != "run":
+            lines += ["", f"Host profile of the {side} loop thread (cProfile, one PSD m+m run, k=4, m=16):", "",
+                      "```", text.strip(), "```"]
     if plot(rows, out_dir / "throughput.png", k=4):
         lines += ["", "![throughput](throughput.png)"]
     path = out_dir / "results.md"

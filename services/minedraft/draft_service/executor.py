@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from minedraft.engine.drafter import DraftWorker
@@ -13,6 +14,13 @@ from minedraft.worker.data_plane import DRAFT_RANK, DataPlane, DataPlaneError, D
 from minedraft.worker.plan import apply_membership, timed, worker_info
 
 log = logging.getLogger(__name__)
+
+
+def wait_for_device(tensor: torch.Tensor) -> None:
+    """End the compute timer when the GPU is done, not when the launches are queued, so the
+    step anatomy charges the draft's GPU time to compute rather than to the send after it."""
+    if tensor.is_cuda:
+        torch.cuda.current_stream(tensor.device).synchronize()
 
 
 class DraftExecutor:
@@ -71,6 +79,7 @@ class DraftExecutor:
             if ids and self.plane is not None:
                 with timed(timing, "compute_ms"):
                     proposal = self.worker.propose(ids, plan.k)
+                    wait_for_device(proposal.tokens)
                 with timed(timing, "send_ms"):
                     self.plane.send_drafts(DraftPayload(plan.step, ids, proposal.tokens, proposal.probs))
         except DataPlaneError as exc:

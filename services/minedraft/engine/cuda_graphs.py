@@ -24,10 +24,13 @@ MAX_GRAPH_WIDTH = 16
 class CapturedStep:
     graph: torch.cuda.CUDAGraph
     ids: torch.Tensor
-    starts: torch.Tensor
-    query_lens: torch.Tensor
-    tables: torch.Tensor
+    meta: torch.Tensor  # [starts (bucket) | query_lens (bucket) | tables (bucket x max_blocks)], int64
     logits: torch.Tensor
+
+
+def split_meta(meta: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views of one packed buffer: starts, query lengths, block tables (all contiguous)."""
+    return meta[:bucket], meta[bucket : 2 * bucket], meta[2 * bucket :].view(bucket, -1)
 
 
 class GraphCache:
@@ -51,22 +54,25 @@ class GraphCache:
         )
 
     def replay(
-        self, ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor, tables: torch.Tensor, last_n: int
+        self, ids: torch.Tensor, starts: list[int], query_lens: list[int], tables: torch.Tensor, last_n: int
     ) -> torch.Tensor:
-        """Inputs are device tensors (device-to-device copies into the static buffers)."""
+        """ids: device tensor [B, Q]; starts, query_lens and the [B, w] block tables come from the host.
+
+        The host metadata travels in one pinned, asynchronous copy into the graph's packed
+        buffer; rows past the batch get zero-length queries (they read and write nothing).
+        """
         batch, width = ids.shape
         bucket = self.bucket(batch)
         assert bucket is not None
         key = (bucket, width, last_n)
         step = self.steps.get(key) or self._capture(key)
-        step.ids[batch:].zero_()
+        host = torch.zeros(step.meta.shape[0], dtype=torch.long, pin_memory=True)
+        h_starts, h_lens, h_tables = split_meta(host, bucket)
+        h_starts[:batch] = torch.tensor(starts, dtype=torch.long)
+        h_lens[:batch] = torch.tensor(query_lens, dtype=torch.long)
+        h_tables[:batch, : tables.shape[1]] = tables
+        step.meta.copy_(host, non_blocking=True)
         step.ids[:batch].copy_(ids)
-        step.starts.zero_()
-        step.starts[:batch].copy_(starts)
-        step.query_lens.zero_()
-        step.query_lens[:batch].copy_(query_lens)
-        step.tables.zero_()
-        step.tables[:batch, : tables.shape[1]].copy_(tables)
         step.graph.replay()
         return step.logits[:batch].clone()
 
@@ -74,9 +80,8 @@ class GraphCache:
         bucket, width, last_n = key
         device = self.runner.device
         ids = torch.zeros((bucket, width), dtype=torch.long, device=device)
-        starts = torch.zeros(bucket, dtype=torch.long, device=device)
-        lens = torch.zeros(bucket, dtype=torch.long, device=device)
-        tables = torch.zeros((bucket, self.runner.max_blocks_per_seq), dtype=torch.long, device=device)
+        meta = torch.zeros(bucket * (2 + self.runner.max_blocks_per_seq), dtype=torch.long, device=device)
+        starts, lens, tables = split_meta(meta, bucket)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -87,6 +92,6 @@ class GraphCache:
         with torch.cuda.graph(graph, pool=self.pool):
             logits = self.runner.run(ids, starts, lens, tables, last_n)
         self.pool = graph.pool()
-        step = CapturedStep(graph, ids, starts, lens, tables, logits)
+        step = CapturedStep(graph, ids, meta, logits)
         self.steps[key] = step
         return step

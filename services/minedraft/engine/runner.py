@@ -76,11 +76,10 @@ class ModelRunner:
         for seq_id, start, n in zip(seq_ids, starts, query_lens, strict=True):
             self.cache.allocator.ensure(seq_id, start + n)
         tables = self.cache.block_table_tensor(seq_ids, "cpu")
+        if self.graphs is not None and self.graphs.can_replay(len(seq_ids), ids.shape[1], last_n, tables.shape[1]):
+            return self.graphs.replay(ids, starts, query_lens, tables, last_n)
         start_t = torch.tensor(starts, dtype=torch.long)
         lens_t = torch.tensor(query_lens, dtype=torch.long)
-        if self.graphs is not None and self.graphs.can_replay(len(seq_ids), ids.shape[1], last_n, tables.shape[1]):
-            return self.graphs.replay(ids, self.to_device(start_t), self.to_device(lens_t), self.to_device(tables),
-                                      last_n)
         return self.run(ids, self.to_device(start_t), self.to_device(lens_t), self.to_device(tables), last_n)
 
     @torch.inference_mode()

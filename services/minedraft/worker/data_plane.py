@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from minedraft.engine.errors import MinedraftError
+from minedraft.engine.transfer import to_device
 
 VERIFIER_RANK = 0
 DRAFT_RANK = 1
@@ -100,15 +101,18 @@ class DataPlane:
         return buf
 
     def _header(self, *values: int) -> torch.Tensor:
-        head = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
+        head = torch.zeros(_HEADER, dtype=torch.int64)
         head[: len(values)] = torch.tensor(values, dtype=torch.int64)
-        return head
+        return to_device(head, self.device)
+
+    def _ids(self, seq_ids: list[int]) -> torch.Tensor:
+        return to_device(torch.tensor(seq_ids, dtype=torch.int64), self.device)
 
     def send_drafts(self, payload: DraftPayload) -> None:
         batch, k = payload.tokens.shape
         probs = payload.probs
         vocab = probs.shape[-1] if probs is not None else 0
-        ids = torch.tensor(payload.seq_ids, dtype=torch.int64, device=self.device)
+        ids = self._ids(payload.seq_ids)
         tensors = [self._header(payload.step, batch, k, int(probs is not None), vocab),
                    torch.cat((ids, payload.tokens.to(self.device, torch.int64).reshape(-1)))]
         if probs is not None:
@@ -123,7 +127,7 @@ class DataPlane:
 
     def send_verdict(self, payload: VerdictPayload) -> None:
         batch, width = payload.tokens.shape
-        ids = torch.tensor(payload.seq_ids, dtype=torch.int64, device=self.device)
+        ids = self._ids(payload.seq_ids)
         body = torch.cat((ids, payload.accepted.to(self.device, torch.int64),
                           payload.tokens.to(self.device, torch.int64).reshape(-1)))
         self._send([self._header(payload.step, batch, width - 1), body], "verdicts")

@@ -7,11 +7,14 @@ queued ahead of it. Events go back through a queue the gRPC handler drains.
 
 from __future__ import annotations
 
+import cProfile
 import logging
+import os
 import queue
 import threading
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 from typing import Protocol
 
 import grpc
@@ -21,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from minedraft.proto import control_pb2, control_pb2_grpc
 
 log = logging.getLogger(__name__)
+PROFILE_ENV = "MINEDRAFT_PROFILE_DIR"
 
 
 class StepExecutor(Protocol):
@@ -63,6 +67,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
 
     def _run(self, messages: Iterator[control_pb2.ControlMessage], events: queue.Queue) -> None:
         bind_thread_to_device(self.executor.device)
+        profiler = start_host_profile()
         try:
             for msg in messages:
                 kind = msg.WhichOneof("body")
@@ -76,7 +81,26 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
             log.exception("worker loop failed")
             events.put(control_pb2.WorkerEvent(error=f"{type(exc).__name__}: {exc}"))
         finally:
+            if profiler is not None:
+                dump_host_profile(profiler, self.executor.role)
             events.put(None)
+
+
+def start_host_profile() -> cProfile.Profile | None:
+    """With MINEDRAFT_PROFILE_DIR set, profile the loop thread's Python (where a step's host
+    time goes); the stats are written when the batch manager's stream ends."""
+    if not os.environ.get(PROFILE_ENV):
+        return None
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
+
+
+def dump_host_profile(profiler: cProfile.Profile, role: str) -> None:
+    profiler.disable()
+    folder = Path(os.environ[PROFILE_ENV])
+    folder.mkdir(parents=True, exist_ok=True)
+    profiler.dump_stats(str(folder / f"{role}-{os.getpid()}.pstats"))
 
 
 def bind_thread_to_device(device: torch.device) -> None:
