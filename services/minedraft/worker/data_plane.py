@@ -20,7 +20,8 @@ from minedraft.engine.transfer import to_device
 
 VERIFIER_RANK = 0
 DRAFT_RANK = 1
-_HEADER = 6  # step, batch, k, has_probs, vocab, reserved
+_HEADER = 6  # step, batch, k, has_probs, vocab, body length
+_FRAME = 8192  # int64 slots of a payload's first message (64 KiB): ~900 sequences at k = 6
 
 
 class DataPlaneError(MinedraftError):
@@ -100,10 +101,33 @@ class DataPlane:
             raise DataPlaneError(f"receive from peer failed: {exc}") from exc
         return buf
 
-    def _header(self, *values: int) -> torch.Tensor:
+    def _send_frame(self, header: list[int], body: torch.Tensor, channel: str,
+                    extra: list[torch.Tensor] | None = None) -> None:
+        """Header and int64 body in one fixed-size message (what does not fit follows it), so
+        the receiver needs one receive and one host synchronisation per payload."""
         head = torch.zeros(_HEADER, dtype=torch.int64)
-        head[: len(values)] = torch.tensor(values, dtype=torch.int64)
-        return to_device(head, self.device)
+        head[: len(header)] = torch.tensor(header, dtype=torch.int64)
+        head[_HEADER - 1] = body.numel()
+        room = _FRAME - _HEADER
+        first = body[:room]
+        frame = torch.cat((to_device(head, self.device), first,
+                           torch.zeros(room - first.numel(), dtype=torch.int64, device=self.device)))
+        tensors = [frame] + ([body[room:]] if body.numel() > room else []) + (extra or [])
+        self._send(tensors, channel)
+
+    def _recv_frame(self, channel: str) -> tuple[list[int], list[int], torch.Tensor]:
+        """(header, body as a host list, body as a device tensor)."""
+        frame = self._recv((_FRAME,), torch.int64, channel)
+        values = frame.tolist()
+        header, length = values[:_HEADER], values[_HEADER - 1]
+        room = _FRAME - _HEADER
+        body = frame[_HEADER : _HEADER + min(length, room)]
+        host = values[_HEADER : _HEADER + min(length, room)]
+        if length > room:
+            rest = self._recv((length - room,), torch.int64, channel)
+            body = torch.cat((body, rest))
+            host += rest.tolist()
+        return header, host, body
 
     def _ids(self, seq_ids: list[int]) -> torch.Tensor:
         return to_device(torch.tensor(seq_ids, dtype=torch.int64), self.device)
@@ -112,31 +136,24 @@ class DataPlane:
         batch, k = payload.tokens.shape
         probs = payload.probs
         vocab = probs.shape[-1] if probs is not None else 0
-        ids = self._ids(payload.seq_ids)
-        tensors = [self._header(payload.step, batch, k, int(probs is not None), vocab),
-                   torch.cat((ids, payload.tokens.to(self.device, torch.int64).reshape(-1)))]
-        if probs is not None:
-            tensors.append(probs.to(self.device, torch.float32))
-        self._send(tensors, "drafts")
+        body = torch.cat((self._ids(payload.seq_ids), payload.tokens.to(self.device, torch.int64).reshape(-1)))
+        extra = [probs.to(self.device, torch.float32)] if probs is not None else None
+        self._send_frame([payload.step, batch, k, int(probs is not None), vocab], body, "drafts", extra)
 
     def recv_drafts(self) -> DraftPayload:
-        step, batch, k, has_probs, vocab, _ = self._recv((_HEADER,), torch.int64, "drafts").tolist()
-        ints = self._recv((batch * (1 + k),), torch.int64, "drafts")
+        (step, batch, k, has_probs, vocab, _), host, body = self._recv_frame("drafts")
         probs = self._recv((batch, k, vocab), torch.float32, "drafts") if has_probs else None
-        return DraftPayload(step, ints[:batch].tolist(), ints[batch:].view(batch, k), probs)
+        return DraftPayload(step, host[:batch], body[batch:].view(batch, k), probs)
 
     def send_verdict(self, payload: VerdictPayload) -> None:
         batch, width = payload.tokens.shape
-        ids = self._ids(payload.seq_ids)
-        body = torch.cat((ids, payload.accepted.to(self.device, torch.int64),
+        body = torch.cat((self._ids(payload.seq_ids), payload.accepted.to(self.device, torch.int64),
                           payload.tokens.to(self.device, torch.int64).reshape(-1)))
-        self._send([self._header(payload.step, batch, width - 1), body], "verdicts")
+        self._send_frame([payload.step, batch, width - 1], body, "verdicts")
 
     def recv_verdict(self) -> VerdictPayload:
-        step, batch, k, *_ = self._recv((_HEADER,), torch.int64, "verdicts").tolist()
-        body = self._recv((batch * (k + 3),), torch.int64, "verdicts")
-        return VerdictPayload(step, body[:batch].tolist(), body[2 * batch :].view(batch, k + 1),
-                              body[batch : 2 * batch])
+        (step, batch, k, *_), host, body = self._recv_frame("verdicts")
+        return VerdictPayload(step, host[:batch], body[2 * batch :].view(batch, k + 1), body[batch : 2 * batch])
 
     def close(self) -> None:
         try:
