@@ -225,6 +225,11 @@ def stack_run(stack: LocalStack, batch: list[list[int]], max_tokens: int) -> dic
         "verify_ms": per_step.get("verify_compute_ms", 0.0),
         "data_plane_ms": per_step.get("verify_send_ms", 0.0) + per_step.get("draft_send_ms", 0.0),
         "verify_wait_ms": per_step.get("verify_recv_wait_ms", 0.0),
+        "draft_wait_ms": per_step.get("draft_recv_wait_ms", 0.0),
+        "verify_plan_wait_ms": per_step.get("verify_plan_wait_ms", 0.0),
+        "draft_plan_wait_ms": per_step.get("draft_plan_wait_ms", 0.0),
+        "verify_control_ms": per_step.get("verify_control_ms", 0.0),
+        "draft_control_ms": per_step.get("draft_control_ms", 0.0),
         "overlap_efficiency": busiest / per_step["wall_ms"] if per_step.get("wall_ms") else 0.0,
     }
 
@@ -288,7 +293,8 @@ def host_profile(args: argparse.Namespace, alpha: float, k: int = 4, m: int = 16
                       target_device="cuda:0", draft_device="cuda:1", mode="psd", k=k, threads=4,
                       max_num_seqs=2 * m, num_blocks=args.num_blocks, dtype="bfloat16", data_plane_backend="nccl",
                       tokenizer=str(TINY_TARGET),
-                      extra_env={"NCCL_NVLS_ENABLE": "0", "MINEDRAFT_PROFILE_DIR": str(prof_dir)})
+                      extra_env={"NCCL_NVLS_ENABLE": "0", "MINEDRAFT_PROFILE_DIR": str(prof_dir),
+                                 "MINEDRAFT_PROFILE_FROM_STEP": "40"})
     stack = LocalStack(cfg)
     try:
         stack.start(timeout=300)
@@ -301,7 +307,7 @@ def host_profile(args: argparse.Namespace, alpha: float, k: int = 4, m: int = 16
     for f in sorted(prof_dir.glob("*.pstats")):
         buf = io.StringIO()
         stats = pstats.Stats(str(f), stream=buf)
-        stats.sort_stats("cumulative").print_stats(28)
+        stats.sort_stats("tottime").print_stats(30)
         out[f.stem.split("-")[0]] = buf.getvalue()[-9000:]
     return out
 

@@ -41,6 +41,6 @@ class Counters:
         if side == "verify":
             t["steps"] = t.get("steps", 0) + 1
             t["wall_ms"] = t.get("wall_ms", 0.0) + wall_ms
-        for name in ("compute_ms", "recv_wait_ms", "send_ms", "control_ms"):
+        for name in ("compute_ms", "recv_wait_ms", "send_ms", "control_ms", "plan_wait_ms"):
             key = f"{side}_{name}"
             t[key] = t.get(key, 0.0) + getattr(timing, name)

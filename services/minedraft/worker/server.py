@@ -12,6 +12,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -25,6 +26,7 @@ from minedraft.proto import control_pb2, control_pb2_grpc
 
 log = logging.getLogger(__name__)
 PROFILE_ENV = "MINEDRAFT_PROFILE_DIR"
+PROFILE_FROM_ENV = "MINEDRAFT_PROFILE_FROM_STEP"
 
 
 class StepExecutor(Protocol):
@@ -68,11 +70,18 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
     def _run(self, messages: Iterator[control_pb2.ControlMessage], events: queue.Queue) -> None:
         bind_thread_to_device(self.executor.device)
         profiler = start_host_profile()
+        idle_since: float | None = None
         try:
             for msg in messages:
                 kind = msg.WhichOneof("body")
                 if kind == "plan":
-                    events.put(self.executor.handle_plan(msg.plan))
+                    waited = (time.perf_counter() - idle_since) * 1000.0 if idle_since is not None else 0.0
+                    if profiler is not None and msg.plan.step == profile_from_step():
+                        profiler.enable()
+                    event = self.executor.handle_plan(msg.plan)
+                    event.timing.plan_wait_ms = waited
+                    events.put(event)
+                    idle_since = time.perf_counter()
                 elif kind == "setup":
                     events.put(self.executor.handle_setup(msg.setup))
         except grpc.RpcError:
@@ -88,12 +97,16 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
 
 def start_host_profile() -> cProfile.Profile | None:
     """With MINEDRAFT_PROFILE_DIR set, profile the loop thread's Python (where a step's host
-    time goes); the stats are written when the batch manager's stream ends."""
+    time goes) from step MINEDRAFT_PROFILE_FROM_STEP on; the stats are written when the batch
+    manager's stream ends."""
     if not os.environ.get(PROFILE_ENV):
         return None
-    profiler = cProfile.Profile()
-    profiler.enable()
-    return profiler
+    return cProfile.Profile()
+
+
+def profile_from_step() -> int:
+    """Steps before this one (warm-up, graph capture) stay out of the profile."""
+    return int(os.environ.get(PROFILE_FROM_ENV, "0"))
 
 
 def dump_host_profile(profiler: cProfile.Profile, role: str) -> None:
