@@ -268,10 +268,10 @@ def services_sweep(args: argparse.Namespace, alpha: float, pair: tuple[str, str]
                     log("deadline reached: skipping the rest of the service sweep")
                     return rows, nccl_transport(log_dir)
                 for name, mode, conc in (("SD-2GPU", "sd", m), ("PSD m/2+m/2", "psd", m), ("PSD m+m", "psd", 2 * m)):
-                    put_policy(cfg.http_port, mode=mode, k=k, max_num_seqs=conc)
+                    put_policy(cfg.http_port, mode=mode, k=k, max_num_seqs=conc, pipeline_depth=args.pipeline_depth)
                     row = stack_run(stack, prompts(conc, seed=m), args.max_tokens)
                     row.update(config=name, k=k, m=m, concurrency=conc, gpus=args.tp_size + 1, alpha=alpha,
-                               tp_size=args.tp_size)
+                               tp_size=args.tp_size, pipeline_depth=args.pipeline_depth)
                     log(f"alpha {alpha} k {k} m {m} {name}: {row['tokens_per_s']:.0f} tok/s, step "
                         f"{row['step_ms']:.2f} ms (draft {row['draft_ms']:.2f}, verify {row['verify_ms']:.2f}), "
                         f"overlap {row['overlap_efficiency']:.2f}")
@@ -419,6 +419,7 @@ def main() -> int:
     p.add_argument("--skip-inprocess", action="store_true", help="only the three-service half")
     p.add_argument("--skip-services", action="store_true")
     p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--pipeline-depth", type=int, default=2, help="plans in flight ahead of the verifier")
     p.add_argument("--profile-host", action="store_true", help="finish with a cProfile'd PSD run (k=4, m=16)")
     p.add_argument("--tiny", action="store_true", help="also run the bundled tiny pair (k=4, --small-ms)")
     args = p.parse_args()

@@ -195,7 +195,8 @@ def test_live_policy_changes_mid_generation_keep_every_token(stack, random_pair)
     async def run_with_switches() -> list[list[int]]:
         tasks = [asyncio.create_task(grpc_stream(stack, p, 90, 0)) for p in prompts]
         async with httpx.AsyncClient(timeout=60) as client:
-            for policy in ({"mode": "sd"}, {"mode": "ar"}, {"mode": "psd", "k": 2}, {"mode": "auto", "k": 3}):
+            for policy in ({"mode": "sd"}, {"mode": "ar"}, {"mode": "psd", "k": 2, "pipeline_depth": 3},
+                           {"mode": "auto", "k": 3, "pipeline_depth": 1}):
                 start = health(stack)["step"]
                 while health(stack)["step"] < start + 4 and not all(t.done() for t in tasks):
                     await asyncio.sleep(0.02)
@@ -206,8 +207,10 @@ def test_live_policy_changes_mid_generation_keep_every_token(stack, random_pair)
     assert asyncio.run(run_with_switches()) == expected
     bad = httpx.put(url, json={"mode": "turbo"}, timeout=10)
     assert bad.status_code == 400 and "mode" in bad.text
-    final = httpx.put(url, json={"mode": "psd", "k": 3}, timeout=10)
-    assert final.json() == {"mode": "psd", "k": 3, "max_num_seqs": 64}
+    too_deep = httpx.put(url, json={"pipeline_depth": 9}, timeout=10)
+    assert too_deep.status_code == 400 and "pipeline_depth" in too_deep.text
+    final = httpx.put(url, json={"mode": "psd", "k": 3, "pipeline_depth": 2}, timeout=10)
+    assert final.json() == {"mode": "psd", "k": 3, "max_num_seqs": 64, "pipeline_depth": 2}
 
 
 def test_seeded_sampled_requests_match_the_in_process_engine_exactly(stack, random_pair) -> None:

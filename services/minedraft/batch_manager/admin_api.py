@@ -16,6 +16,7 @@ class PolicyUpdate(BaseModel):
     mode: Literal["psd", "sd", "ar", "auto"] | None = None
     k: int | None = Field(default=None, ge=1, le=16)
     max_num_seqs: int | None = Field(default=None, ge=1)
+    pipeline_depth: int | None = Field(default=None, ge=1, le=4)
 
 
 def install_admin_routes(app: FastAPI, coordinator: Coordinator) -> None:
@@ -24,10 +25,10 @@ def install_admin_routes(app: FastAPI, coordinator: Coordinator) -> None:
     @router.get("/policy")
     async def get_policy() -> dict[str, object]:
         c = coordinator.config
-        return {"mode": c.mode, "k": c.k, "max_num_seqs": c.max_num_seqs}
+        return {"mode": c.mode, "k": c.k, "max_num_seqs": c.max_num_seqs, "pipeline_depth": c.pipeline_depth}
 
     @router.put("/policy")
     async def put_policy(update: PolicyUpdate) -> dict[str, object]:
-        return await coordinator.apply_policy(update.mode, update.k, update.max_num_seqs)
+        return await coordinator.apply_policy(update.mode, update.k, update.max_num_seqs, update.pipeline_depth)
 
     app.include_router(router)

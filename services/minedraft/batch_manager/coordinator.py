@@ -375,15 +375,16 @@ class Coordinator:
     # ----- live policy ------------------------------------------------------------------
 
     async def apply_policy(self, mode: str | None = None, k: int | None = None,
-                           max_num_seqs: int | None = None) -> dict[str, object]:
-        """Change mode, k or the running-batch cap without a restart (SpeculationPolicy).
+                           max_num_seqs: int | None = None, pipeline_depth: int | None = None) -> dict[str, object]:
+        """Change mode, k, the running-batch cap or the plan pipeline's depth without a restart
+        (SpeculationPolicy).
 
         The loop is drained first so no step straddles the change: every issued plan has
         run, the mirror equals the verifier, and the next plan starts from a draft step.
         """
         new = ManagerConfig(**{**{f: getattr(self.config, f) for f in ManagerConfig.__slots__},
-                               **{n: v for n, v in (("mode", mode), ("k", k), ("max_num_seqs", max_num_seqs))
-                                  if v is not None}})
+                               **{n: v for n, v in (("mode", mode), ("k", k), ("max_num_seqs", max_num_seqs),
+                                                    ("pipeline_depth", pipeline_depth)) if v is not None}})
         new.validate()
         if self.draft is None and new.mode != "ar":
             raise InvalidRequestError("this deployment has no draft service; only mode 'ar' is possible")
@@ -396,7 +397,7 @@ class Coordinator:
         finally:
             self.paused = False
             self._wake.set()
-        return {"mode": new.mode, "k": new.k, "max_num_seqs": new.max_num_seqs}
+        return {"mode": new.mode, "k": new.k, "max_num_seqs": new.max_num_seqs, "pipeline_depth": new.pipeline_depth}
 
     # ----- draft service loss and return ------------------------------------------------
 
