@@ -386,6 +386,7 @@ def main() -> int:
     parser.add_argument("--no-bench", action="store_true", help="skip the CUDA timing and graph check")
     parser.add_argument("--bench-only", action="store_true", help="CUDA: skip the correctness sweep")
     parser.add_argument("--sweep-splits", action="store_true", help="CUDA: also time forced key-split counts")
+    parser.add_argument("--fused-only", action="store_true", help="only the fused norm/rope/SwiGLU kernels")
     args = parser.parse_args()
 
     if args.device == "cpu":
@@ -411,6 +412,10 @@ def main() -> int:
     device = torch.device(device_name)
 
     gen = torch.Generator().manual_seed(args.seed)
+    if args.fused_only:
+        failures = fused_checks(device, gen)
+        print(f"fused kernels: {'all pass' if not failures else f'{failures} failed'}")
+        return 1 if failures else 0
     cases = [] if args.bench_only and device_name == "cuda" else make_cases(args.quick, args.seed)
     failures = 0
     if cases:

@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="/tmp/site:$PWD/services"
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 if [ -z "${SKIP_KERNELS:-}" ]; then  # SKIP_KERNELS=1: the kernels are unchanged since their last check
-  timeout 120 python3 scripts/check_cuda_kernels.py --device cuda --no-bench > "$OUT/kernels.txt" 2>&1
+  timeout 400 python3 scripts/check_cuda_kernels.py --device cuda --no-bench > "$OUT/kernels.txt" 2>&1
   grep -c PASS "$OUT/kernels.txt"; grep FAIL "$OUT/kernels.txt" | head -5; tail -22 "$OUT/kernels.txt"
 fi
 timeout 300 python3 scripts/check_gpu_engine.py > "$OUT/engine_check.txt" 2>&1
