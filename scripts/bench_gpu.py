@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services"))
 
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET  # noqa: E402
-from minedraft.cli.bench_psd import fetch_status, run_workload  # noqa: E402
+from minedraft.cli.bench_psd import fetch_status, put_policy, run_workload  # noqa: E402
 from minedraft.cli.stack import LocalStack, StackConfig, free_port  # noqa: E402
 from minedraft.engine.drafter import DraftWorker  # noqa: E402
 from minedraft.engine.engine import EngineConfig, LLMEngine  # noqa: E402
@@ -195,13 +194,6 @@ def profile_steps(step, count: int = 10) -> str:
             step()
         torch.cuda.synchronize()
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=15)
-
-
-def put_policy(port: int, **policy: object) -> None:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/admin/policy", json.dumps(policy).encode(),
-                                 {"Content-Type": "application/json"}, method="PUT")
-    with urllib.request.urlopen(req, timeout=120) as r:
-        r.read()
 
 
 def stack_run(stack: LocalStack, batch: list[list[int]], max_tokens: int) -> dict[str, float]:

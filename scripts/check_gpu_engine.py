@@ -64,12 +64,10 @@ def decode_check(dtype: torch.dtype) -> tuple[float, bool]:
 
 def tp_stack_check() -> bool:
     import asyncio
-    import json
     import os
     import tempfile
-    import urllib.request
 
-    from minedraft.cli.bench_psd import generate_all
+    from minedraft.cli.bench_psd import generate_all, put_policy
     from minedraft.cli.stack import LocalStack, StackConfig, free_port
     from minedraft.engine.tokenizer import Tokenizer
 
@@ -88,10 +86,7 @@ def tp_stack_check() -> bool:
     try:
         stack.start(timeout=240)
         for mode in ("psd", "sd", "ar"):
-            body = json.dumps({"mode": mode}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{cfg.http_port}/admin/policy", body,
-                                         {"Content-Type": "application/json"}, method="PUT")
-            urllib.request.urlopen(req, timeout=120).read()
+            put_policy(cfg.http_port, mode=mode)
             got, _ = asyncio.run(generate_all(cfg.grpc_port, prompts, 40))
             same = sum(g == e for g, e in zip(got, expected, strict=True))
             passed = same == len(prompts)

@@ -52,6 +52,14 @@ def fetch_status(port: int) -> dict:
         return json.loads(r.read())
 
 
+def put_policy(port: int, **policy: object) -> dict:
+    """PUT /admin/policy on a local batch manager (it drains before answering)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/admin/policy", json.dumps(policy).encode(),
+                                 {"Content-Type": "application/json"}, method="PUT")
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
 async def one_request(stub: generation_pb2_grpc.GenerationStub, prompt: list[int], max_tokens: int) -> list[int]:
     """Unary greedy call: an offline batch, as the paper measures; no per-token streaming cost."""
     request = generation_pb2.GenerateRequest(

@@ -7,6 +7,8 @@ reference the kernels are checked against (`scripts/check_cuda_kernels.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.nn import functional as F
 
@@ -51,18 +53,23 @@ def rope_and_store(
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    qk_norm: tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]] | None = None,
 ) -> torch.Tensor:
-    """Split a fused qkv projection, rotate q and k, store k and v in the paged cache; returns q."""
+    """Split a fused qkv projection, (norm and) rotate q and k, store k and v in the paged
+    cache; returns q. Models with q/k norms (Qwen3) take the torch path on every backend."""
     cos, sin = cos_sin
-    if meta.backend == "triton":
+    if meta.backend == "triton" and qk_norm is None:
         from minedraft.engine.cuda.fused_kernels import rope_store_triton
 
         return rope_store_triton(qkv, cos, sin, meta.slot_mapping, kv[0], kv[1], num_heads, num_kv_heads, head_dim)
     batch, width, _ = qkv.shape
     q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
-    q = rotate(q.view(batch, width, num_heads, head_dim), cos, sin)
-    k = rotate(k.view(batch, width, num_kv_heads, head_dim), cos, sin)
-    write_kv(kv[0], kv[1], k, v.view(batch, width, num_kv_heads, head_dim), meta)
+    q = q.reshape(batch, width, num_heads, head_dim)
+    k = k.reshape(batch, width, num_kv_heads, head_dim)
+    if qk_norm is not None:
+        q, k = qk_norm[0](q), qk_norm[1](k)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    write_kv(kv[0], kv[1], k, v.reshape(batch, width, num_kv_heads, head_dim), meta)
     return q
 
 

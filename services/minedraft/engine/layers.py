@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from minedraft.engine.config import RopeConfig
-from minedraft.engine.fused import rms_norm, rotate, silu_and_mul
+from minedraft.engine.fused import rms_norm, silu_and_mul
 
 
 class RMSNorm(nn.Module):
@@ -57,10 +57,6 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(-2)
         return emb.cos(), emb.sin()
 
-    @staticmethod
-    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return rotate(x, cos, sin)
-
 
 def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One weight (and bias) for linears that share an input, so a step reads it in one matmul.
@@ -90,14 +86,10 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.gate_up_weight: torch.Tensor | None = None
+        self.gate_up_weight: torch.Tensor | None = None  # set by fuse(), before the first forward
 
     def fuse(self) -> None:
         self.gate_up_weight, _ = fuse_linears([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor, backend: str = "torch") -> torch.Tensor:
-        if self.gate_up_weight is None:
-            gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
-        else:
-            gate_up = F.linear(x, self.gate_up_weight)
-        return self.down_proj(silu_and_mul(gate_up, backend))
+        return self.down_proj(silu_and_mul(F.linear(x, self.gate_up_weight), backend))

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from minedraft.engine.attention import AttentionMetadata, paged_attention, write_kv
+from minedraft.engine.attention import AttentionMetadata, paged_attention
 from minedraft.engine.config import ModelConfig
 from minedraft.engine.fused import add_rms_norm, rope_and_store
 from minedraft.engine.layers import RMSNorm, RotaryEmbedding, SwiGLU, fuse_linears
@@ -33,16 +33,11 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.qkv_weight: torch.Tensor | None = None
+        self.qkv_weight: torch.Tensor | None = None  # set by fuse(), before the first forward
         self.qkv_bias: torch.Tensor | None = None
 
     def fuse(self) -> None:
         self.qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
-
-    def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
-        if self.qkv_weight is not None:
-            return F.linear(x, self.qkv_weight, self.qkv_bias)
-        return torch.cat((self.q_proj(x), self.k_proj(x), self.v_proj(x)), dim=-1)
 
     def forward(
         self,
@@ -52,17 +47,9 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         batch, width, _ = x.shape
-        qkv = self.project_qkv(x)
-        if self.q_norm is None or self.k_norm is None:
-            q = rope_and_store(qkv, cos_sin, kv, meta, self.num_heads, self.num_kv_heads, self.head_dim)
-        else:
-            q, k, v = qkv.split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
-                                 self.num_kv_heads * self.head_dim], dim=-1)
-            q = self.q_norm(q.reshape(batch, width, self.num_heads, self.head_dim))
-            k = self.k_norm(k.reshape(batch, width, self.num_kv_heads, self.head_dim))
-            cos, sin = cos_sin
-            q, k = RotaryEmbedding.apply(q, cos, sin), RotaryEmbedding.apply(k, cos, sin)
-            write_kv(kv[0], kv[1], k, v.reshape(batch, width, self.num_kv_heads, self.head_dim), meta)
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qk_norm = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
+        q = rope_and_store(qkv, cos_sin, kv, meta, self.num_heads, self.num_kv_heads, self.head_dim, qk_norm)
         out = paged_attention(q, kv[0], kv[1], meta, self.scale)
         return self.o_proj(out.reshape(batch, width, -1))
 
@@ -117,7 +104,10 @@ class DecoderBody(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """The full model: hidden states from `forward`, logits from `logits`."""
+    """The full model: hidden states from `forward`, logits from `logits`.
+
+    `fuse_projections` must run once the weights are on their device (load_model and
+    build_synthetic do it) before the first forward."""
 
     def __init__(self, cfg: ModelConfig, reduce: Reduce = _identity) -> None:
         super().__init__()
