@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services"))
 
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET  # noqa: E402
-from minedraft.cli.bench_psd import fetch_status, put_policy, run_workload  # noqa: E402
+from minedraft.cli.bench_psd import delta, fetch_status, put_policy, run_workload  # noqa: E402
 from minedraft.cli.stack import LocalStack, StackConfig, free_port  # noqa: E402
 from minedraft.engine.drafter import DraftWorker  # noqa: E402
 from minedraft.engine.engine import EngineConfig, LLMEngine  # noqa: E402
@@ -201,17 +201,14 @@ def stack_run(stack: LocalStack, batch: list[list[int]], max_tokens: int) -> dic
     asyncio.run(run_workload(cfg.grpc_port, batch, 4))  # captures this size's graphs
     before = fetch_status(cfg.http_port)
     tokens, seconds = asyncio.run(run_workload(cfg.grpc_port, batch, max_tokens))
-    after = fetch_status(cfg.http_port)
-    a, b = after["timing_totals"], before["timing_totals"]
-    steps = max(1, a.get("steps", 0) - b.get("steps", 0))
-    per_step = {key: (a.get(key, 0.0) - b.get(key, 0.0)) / steps for key in a if key != "steps"}
+    per_step = delta(fetch_status(cfg.http_port), before)
     busiest = max(per_step.get("verify_compute_ms", 0.0), per_step.get("draft_compute_ms", 0.0))
     return {
         "tokens_per_s": tokens / seconds,
         "seconds": seconds,
         "latency_per_request_s": seconds / len(batch),
-        "steps": steps,
-        "acceptance": after["acceptance_rate"],
+        "steps": per_step["steps"],
+        "acceptance": per_step["acceptance"],
         "step_ms": per_step.get("wall_ms", 0.0),
         "draft_ms": per_step.get("draft_compute_ms", 0.0),
         "verify_ms": per_step.get("verify_compute_ms", 0.0),

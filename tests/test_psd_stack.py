@@ -287,3 +287,37 @@ def test_auto_mode_stops_drafting_when_the_draft_does_not_pay(stack, random_pair
         assert after["ar"] > before["ar"] and after["psd"] + after["sd"] > before["psd"] + before["sd"]
     finally:
         httpx.put(url, json={"mode": "psd"}, timeout=60)
+
+
+def test_every_eos_id_of_the_model_config_ends_requests_as_in_the_engine(random_pair, tmp_path) -> None:
+    """config.json may list several end-of-sequence ids (Llama 3.1 lists three); the served stack
+    stops on each of them, like the in-process engine, not only on the tokenizer's eos token."""
+    import shutil
+
+    prompt = [4, 8, 15]
+    free = reference(random_pair, [prompt], [30])[0]
+    extra_eos = next(t for t in free[3:] if t != 1)
+    target = tmp_path / "target"
+    shutil.copytree(random_pair[0], target)
+    config = json.loads((target / "config.json").read_text())
+    config["eos_token_id"] = [1, extra_eos]
+    (target / "config.json").write_text(json.dumps(config))
+    engine = engine_from_folders(target, None, "ar", block_size=16, num_blocks=256)
+    expected = engine.generate([prompt], [SamplingParams(max_tokens=30)])[0].output_ids
+    assert len(expected) < 30 and expected[-1] == extra_eos
+
+    cfg = StackConfig(target=str(target), draft=str(random_pair[1]), grpc_port=free_port(), http_port=free_port(),
+                      k=3, num_blocks=256, log_dir=tmp_path / "logs")
+    s = LocalStack(cfg)
+    try:
+        s.start(timeout=120)
+        with grpc.insecure_channel(f"127.0.0.1:{cfg.grpc_port}") as channel:
+            stub = generation_pb2_grpc.GenerationStub(channel)
+            request = generation_pb2.GenerateRequest(
+                token_ids=generation_pb2.TokenIds(ids=prompt),
+                sampling=generation_pb2.SamplingParameters(max_tokens=30, temperature=0.0),
+            )
+            response = stub.Generate(request, timeout=60)
+        assert list(response.token_ids) == expected
+    finally:
+        s.stop()

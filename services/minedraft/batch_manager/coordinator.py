@@ -106,7 +106,7 @@ class Coordinator:
             raise ModelLoadError(
                 f"tokenizer has {self.tokenizer.vocab_size} tokens but the target model only {tinfo.vocab_size}"
             )
-        self.eos_ids = frozenset([self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else [])
+        self.eos_ids = self.tokenizer.stop_ids(tinfo.eos_token_ids)
         await self.target.open()
         if self.draft is not None:
             dinfo = await self.draft.info(timeout=connect_timeout)
@@ -186,6 +186,9 @@ class Coordinator:
             "fallbacks": self.counters.fallbacks,
             "timing_totals": {k: round(v, 3) for k, v in self.counters.timing.items()},
             "tokens_total": self.counters.tokens,
+            "drafted_total": self.counters.drafted,
+            "accepted_total": self.counters.accepted,
+            "seq_verifies_total": self.counters.seq_verifies,
             "steps_by_kind": {"psd": self.counters.psd_steps, "sd": self.counters.sd_steps,
                               "ar": self.counters.ar_steps},
             "recoveries": self.counters.recoveries,
@@ -292,7 +295,6 @@ class Coordinator:
         wall_ms = (now - self._last_verify_at) * 1000.0 if self._last_verify_at else 0.0
         self._last_verify_at = now
         self.counters.add_timing("verify", event.timing, wall_ms)
-        self.counters.steps += 1
         drafted = self._drafted_at.pop(event.step, 0)
         if event.data_plane_lost:  # the verifier judged this step without drafts
             drafted = 0
@@ -306,17 +308,10 @@ class Coordinator:
 
     def _apply_verdicts(self, verdicts: control_pb2.Verdicts, drafted: int) -> None:
         offset = 0
-        if verdicts.seq_ids:
-            self.counters.verify_steps += 1
+        self.counters.add_verdicts(verdicts.counts, verdicts.accepted, drafted)
         for seq_id, count, accepted in zip(verdicts.seq_ids, verdicts.counts, verdicts.accepted, strict=True):
             tokens = list(verdicts.tokens[offset : offset + count])
             offset += count
-            self.counters.tokens += count
-            self.counters.seq_verifies += 1
-            if drafted:
-                self.counters.note_speculative_tokens(count)
-            self.counters.drafted += drafted
-            self.counters.accepted += accepted
             req = self.requests.get(seq_id)
             if req is None or req.finished:
                 continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from minedraft.proto import control_pb2
@@ -11,11 +12,9 @@ from minedraft.proto import control_pb2
 class Counters:
     """Totals since start, plus the recent speculative yield that auto mode decides on."""
 
-    steps: int = 0
     tokens: int = 0
     drafted: int = 0
     accepted: int = 0
-    verify_steps: int = 0
     seq_verifies: int = 0
     fallbacks: int = 0
     psd_steps: int = 0
@@ -30,6 +29,16 @@ class Counters:
         self.recent_samples += 1
         weight = max(1.0 / self.recent_samples, 0.05)
         self.recent_tokens_per_seq += weight * (count - self.recent_tokens_per_seq)
+
+    def add_verdicts(self, counts: Sequence[int], accepted: Sequence[int], drafted: int) -> None:
+        """One verify step's totals; `drafted` is the drafts each sequence carried (0: AR)."""
+        self.tokens += sum(counts)
+        self.seq_verifies += len(counts)
+        self.drafted += drafted * len(counts)
+        self.accepted += sum(accepted)
+        if drafted:
+            for count in counts:
+                self.note_speculative_tokens(count)
 
     def reset_recent(self) -> None:
         self.recent_tokens_per_seq = 0.0

@@ -85,13 +85,17 @@ async def run_workload(grpc_port: int, prompts: list[list[int]], max_tokens: int
 
 
 def delta(after: dict, before: dict) -> dict[str, float]:
+    """Per-step anatomy and the speculation ratios of what ran between two /health snapshots."""
     a, b = after["timing_totals"], before["timing_totals"]
     steps = a.get("steps", 0) - b.get("steps", 0)
     out = {key: (a.get(key, 0.0) - b.get(key, 0.0)) / max(steps, 1) for key in a if key != "steps"}
     out["steps"] = steps
-    out["tokens"] = after["tokens_total"] - before["tokens_total"]
-    out["acceptance"] = after["acceptance_rate"]
-    out["mean_accepted_length"] = after["mean_accepted_length"]
+    grew = {key: after[key] - before[key] for key in ("tokens_total", "drafted_total", "accepted_total",
+                                                         "seq_verifies_total")}
+    out["tokens"] = grew["tokens_total"]
+    out["acceptance"] = grew["accepted_total"] / grew["drafted_total"] if grew["drafted_total"] else 0.0
+    out["mean_accepted_length"] = (grew["tokens_total"] / grew["seq_verifies_total"]
+                                   if grew["seq_verifies_total"] else 0.0)
     return out
 
 

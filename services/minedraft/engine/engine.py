@@ -84,10 +84,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.config = config
         self.max_context = max_context(target, self.draft)
-        self.eos_ids = frozenset(
-            [*target.runner.config.eos_token_ids]
-            + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
-        )
+        self.eos_ids = tokenizer.stop_ids(target.runner.config.eos_token_ids)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[int, Request] = {}

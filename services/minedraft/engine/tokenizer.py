@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,12 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def stop_ids(self, model_eos_ids: Iterable[int]) -> frozenset[int]:
+        """Ids that end a request: the model's own end-of-sequence ids (config.json, often
+        several, e.g. Llama 3.1's eot / eom / end_of_text) plus the tokenizer's eos token."""
+        extra = [self.eos_token_id] if self.eos_token_id is not None else []
+        return frozenset([*model_eos_ids, *extra])
 
     def vocab(self) -> dict[str, int]:
         return self._tok.get_vocab(with_added_tokens=True)

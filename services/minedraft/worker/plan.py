@@ -46,5 +46,6 @@ def worker_info(worker: Worker, role: str, last_step: int, **extra: object) -> c
         sequences=len(worker.seqs),
         device=str(worker.runner.device),
         last_step=last_step,
+        eos_token_ids=list(worker.runner.config.eos_token_ids),
         **extra,
     )
