@@ -53,11 +53,6 @@ class ModelConfig:
     rope: RopeConfig = field(default_factory=RopeConfig)
     sliding_window: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    torch_dtype: str = "float32"
-
-    @property
-    def kv_group_size(self) -> int:
-        return self.num_heads // self.num_kv_heads
 
 
 def _rope_from_hf(raw: dict[str, Any]) -> RopeConfig:
@@ -137,7 +132,6 @@ def model_config_from_dict(raw: dict[str, Any]) -> ModelConfig:
             rope=_rope_from_hf(raw),
             sliding_window=_sliding_window(raw, family),
             eos_token_ids=_eos_ids(raw),
-            torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
         )
     except KeyError as exc:
         raise ModelLoadError(f"config.json is missing required field {exc.args[0]!r}") from exc

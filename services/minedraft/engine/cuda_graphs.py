@@ -59,19 +59,20 @@ class GraphCache:
         """ids: device tensor [B, Q]; starts, query_lens and the [B, w] block tables come from the host.
 
         The host metadata travels in one pinned, asynchronous copy into the graph's packed
-        buffer; rows past the batch get zero-length queries (they read and write nothing).
+        buffer; rows past the batch get zero-length queries (they read and write nothing, so
+        their stale table rows are never looked at).
         """
         batch, width = ids.shape
         bucket = self.bucket(batch)
         assert bucket is not None
         key = (bucket, width, last_n)
         step = self.steps.get(key) or self._capture(key)
-        host = torch.zeros(step.meta.shape[0], dtype=torch.long, pin_memory=True)
-        h_starts, h_lens, h_tables = split_meta(host, bucket)
-        h_starts[:batch] = torch.tensor(starts, dtype=torch.long)
-        h_lens[:batch] = torch.tensor(query_lens, dtype=torch.long)
-        h_tables[:batch, : tables.shape[1]] = tables
-        step.meta.copy_(host, non_blocking=True)
+        # Rows past the batch read no table entries, so only the tables of real rows travel.
+        host = torch.zeros(2 * bucket + batch * self.runner.max_blocks_per_seq, dtype=torch.long, pin_memory=True)
+        host[:batch] = torch.tensor(starts, dtype=torch.long)
+        host[bucket : bucket + batch] = torch.tensor(query_lens, dtype=torch.long)
+        host[2 * bucket :].view(batch, -1)[:, : tables.shape[1]] = tables
+        step.meta[: host.shape[0]].copy_(host, non_blocking=True)
         step.ids[:batch].copy_(ids)
         step.graph.replay()
         return step.logits[:batch].clone()

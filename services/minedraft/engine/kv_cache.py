@@ -37,9 +37,6 @@ class BlockAllocator:
     def table(self, seq_id: int) -> list[int]:
         return self._tables.get(seq_id, [])
 
-    def capacity(self, seq_id: int) -> int:
-        return len(self.table(seq_id)) * self.block_size
-
     def extra_blocks_needed(self, seq_id: int, num_tokens: int) -> int:
         return max(0, self.blocks_for(num_tokens) - len(self.table(seq_id)))
 

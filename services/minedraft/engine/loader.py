@@ -10,7 +10,6 @@ from safetensors import safe_open
 
 from minedraft.engine.config import ModelConfig, load_model_config
 from minedraft.engine.errors import ModelLoadError
-from minedraft.engine.layers import rope_inverse_frequencies
 from minedraft.engine.model import CausalLM
 from minedraft.engine.synthetic import build_synthetic, is_synthetic
 from minedraft.engine.tensor_parallel import TPContext, local_config, read_shard
@@ -102,12 +101,6 @@ def load_model(
         raise ModelLoadError(f"model folder {folder} does not exist")
     cfg: ModelConfig = local_config(load_model_config(path), tp)
     files = safetensors_files(path)
-    with torch.device("meta"):
-        model = CausalLM(cfg, tp.reducer())
-    model = model.to_empty(device=device).to(dtype)
-    # Rotary frequencies stay float32 whatever the weight dtype, as in the reference.
-    model.model.rotary.inv_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope).to(device)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+    model = CausalLM.empty(cfg, tp.reducer(), device, dtype)
     load_state(model, files, tp)
     return model.fuse_projections().eval()

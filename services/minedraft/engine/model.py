@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from minedraft.engine.attention import AttentionMetadata, paged_attention
 from minedraft.engine.config import ModelConfig
 from minedraft.engine.fused import add_rms_norm, rope_and_store
-from minedraft.engine.layers import RMSNorm, RotaryEmbedding, SwiGLU, fuse_linears
+from minedraft.engine.layers import RMSNorm, RotaryEmbedding, SwiGLU, fuse_linears, rope_inverse_frequencies
 
 
 class Attention(nn.Module):
@@ -131,6 +131,18 @@ class CausalLM(nn.Module):
             x, residual = layer(x, residual, cos_sin, kv, meta)
         norm = self.model.norm
         return add_rms_norm(x, residual, norm.weight, norm.eps, meta.backend)[0]
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig, reduce: Reduce, device: str | torch.device, dtype: torch.dtype) -> CausalLM:
+        """Uninitialised weights on `device` (no CPU copy first), for a loader to fill."""
+        with torch.device("meta"):
+            model = cls(cfg, reduce)
+        model = model.to_empty(device=device).to(dtype)
+        # Rotary frequencies stay float32 whatever the weight dtype, as in the reference.
+        model.model.rotary.inv_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope).to(device)
+        if cfg.tie_word_embeddings:  # to_empty allocated the head separately
+            model.lm_head.weight = model.model.embed_tokens.weight
+        return model
 
     def fuse_projections(self) -> CausalLM:
         """Concatenate q/k/v and gate/up weights (see `layers.fuse_linears`); call once on the

@@ -64,8 +64,8 @@ def verify_drafts(
         if draft_probs is None:  # no drafts were judged: plain sampling from p
             residual = p_last
         else:
-            padded_q = torch.cat((draft_probs, torch.zeros_like(draft_probs[:, :1])), dim=1)
-            q_last = padded_q[rows, n_acc]  # zero at the bonus slot: residual == p
+            q_last = draft_probs[rows, n_acc.clamp(max=k - 1)]
+            q_last = torch.where((n_acc < k).unsqueeze(1), q_last, 0.0)  # zero at the bonus slot: residual == p
             residual = (p_last - q_last).clamp(min=0)
             mass = residual.sum(dim=-1, keepdim=True)
             residual = torch.where(mass > 0, residual, p_last)

@@ -21,7 +21,6 @@ class RequestStats:
     drafted: int = 0
     accepted: int = 0
     started: float = field(default_factory=time.perf_counter)
-    first_token: float | None = None
     finished: float | None = None
 
     @property
@@ -74,8 +73,6 @@ class Request:
         """Append verified tokens up to the first stop condition; returns how many were kept."""
         if self.finished:
             return 0
-        if self.stats.first_token is None and new_tokens:
-            self.stats.first_token = time.perf_counter()
         kept = 0
         for token in new_tokens:
             self.output_ids.append(token)

@@ -61,9 +61,8 @@ class ModelRunner:
         repeat their first position (callers never read those).
         """
         lens = [len(t) for t in tokens]
-        ids = torch.zeros((len(tokens), max(lens)), dtype=torch.long)
-        for row, toks in enumerate(tokens):
-            ids[row, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+        width = max(lens)
+        ids = torch.tensor([t + [0] * (width - len(t)) for t in tokens], dtype=torch.long)
         return self.forward_ids(seq_ids, self.to_device(ids), starts, lens, last_n)
 
     def to_device(self, host: torch.Tensor) -> torch.Tensor:

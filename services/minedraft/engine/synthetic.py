@@ -22,7 +22,6 @@ import torch
 
 from minedraft.engine.config import ModelConfig, RopeConfig
 from minedraft.engine.errors import ModelLoadError
-from minedraft.engine.layers import rope_inverse_frequencies
 from minedraft.engine.model import CausalLM
 from minedraft.engine.tensor_parallel import TPContext, local_config, take_shard
 
@@ -85,10 +84,7 @@ def build_synthetic(
     if role == "draft":
         full = replace(full, num_layers=draft_layers)
     cfg = local_config(full, tp)
-    with torch.device("meta"):
-        model = CausalLM(cfg, tp.reducer())
-    model = model.to_empty(device=device).to(dtype)
-    model.model.rotary.inv_freq = rope_inverse_frequencies(cfg.head_dim, cfg.rope).to(device)
+    model = CausalLM.empty(cfg, tp.reducer(), device, dtype)
     hidden_std = cfg.hidden_size**-0.5
     full_shapes = dict(full_parameter_shapes(full))
     with torch.no_grad():

@@ -27,7 +27,6 @@ class Tokenizer:
         cfg_file = path / "tokenizer_config.json"
         self.config: dict[str, Any] = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
         self.eos_token_id = self._special_id(self.config.get("eos_token"))
-        self.bos_token_id = self._special_id(self.config.get("bos_token"))
         self.chat_template: str | None = self.config.get("chat_template")
 
     def _special_id(self, token: Any) -> int | None:
@@ -52,6 +51,3 @@ class Tokenizer:
         several, e.g. Llama 3.1's eot / eom / end_of_text) plus the tokenizer's eos token."""
         extra = [self.eos_token_id] if self.eos_token_id is not None else []
         return frozenset([*model_eos_ids, *extra])
-
-    def vocab(self) -> dict[str, int]:
-        return self._tok.get_vocab(with_added_tokens=True)

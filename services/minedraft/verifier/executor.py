@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from minedraft.engine.drafter import Proposal
+from minedraft.engine.transfer import to_device
 from minedraft.engine.verifier import TargetWorker
 from minedraft.proto import control_pb2
 from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError, DraftPayload, VerdictPayload
@@ -19,11 +20,13 @@ log = logging.getLogger(__name__)
 
 def align_drafts(payload: DraftPayload, seq_ids: list[int]) -> Proposal:
     """Rows of the draft payload in the order of this step's verify batch."""
+    if list(payload.seq_ids) == seq_ids:  # the usual case: both batches list sequences in id order
+        return Proposal(payload.tokens, payload.probs)
     row_of = {s: i for i, s in enumerate(payload.seq_ids)}
     missing = [s for s in seq_ids if s not in row_of]
     if missing:
         raise RuntimeError(f"plan asks to verify sequences {missing} that were not drafted")
-    rows = torch.tensor([row_of[s] for s in seq_ids], dtype=torch.long)
+    rows = to_device(torch.tensor([row_of[s] for s in seq_ids], dtype=torch.long), payload.tokens.device)
     probs = payload.probs[rows] if payload.probs is not None else None
     return Proposal(payload.tokens[rows], probs)
 
