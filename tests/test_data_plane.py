@@ -60,3 +60,57 @@ def test_payloads_cross_intact_including_oversized_batches() -> None:
         plane.close()
         peer.join(timeout=30)
     assert peer.exitcode == 0
+
+
+def verifier_epochs(queue: mp.Queue, go: mp.Queue) -> None:
+    """The verifier's side: host the store, form epoch 1, then (once told) epoch 2."""
+    store = host_store("127.0.0.1", 0)
+    queue.put(store.port)
+    first = DataPlane(VERIFIER_RANK, 1, store, "gloo", torch.device("cpu"), timeout_s=20)
+    go.get(timeout=60)
+    first.close()
+    second = DataPlane(VERIFIER_RANK, 2, store, "gloo", torch.device("cpu"), timeout_s=20)
+    second.close()
+    queue.put("formed")
+
+
+def test_draft_service_rejoins_after_a_data_plane_error(random_pair) -> None:
+    """A transport error mid-step must close the draft side's process group, or every later
+    epoch fails to form in that process (and the verifier waits out each attempt)."""
+    from minedraft.draft_service.executor import DraftExecutor
+    from minedraft.engine.drafter import DraftWorker
+    from minedraft.engine.loader import load_model
+    from minedraft.engine.runner import ModelRunner
+    from minedraft.proto import control_pb2
+    from minedraft.worker.data_plane import DataPlaneError
+
+    executor = DraftExecutor(DraftWorker(ModelRunner(load_model(random_pair[1]), 64, 16)))
+    ctx = mp.get_context("spawn")
+    queue, go = ctx.Queue(), ctx.Queue()
+    peer = ctx.Process(target=verifier_epochs, args=(queue, go))
+    peer.start()
+    try:
+        port = queue.get(timeout=60)
+
+        def setup(epoch: int) -> control_pb2.WorkerEvent:
+            return executor.handle_setup(control_pb2.DataPlaneSetup(epoch=epoch, master_addr="127.0.0.1",
+                                                                    master_port=port, backend="gloo", timeout_s=20))
+
+        assert setup(1).setup_done
+        assert executor.plane is not None
+
+        def broken() -> None:
+            raise DataPlaneError("peer went away")
+
+        executor.plane.recv_verdict = broken  # type: ignore[method-assign]
+        executor.verdict_pending = True
+        event = executor.handle_plan(control_pb2.StepPlan(step=7))
+        assert event.data_plane_lost and executor.plane is None
+        assert not dist.is_initialized()
+        go.put("next")
+        assert setup(2).setup_done
+        assert queue.get(timeout=60) == "formed"
+    finally:
+        executor.reset()
+        peer.join(timeout=30)
+    assert peer.exitcode == 0

@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from minedraft.engine.drafter import DraftWorker
 from minedraft.proto import control_pb2
-from minedraft.worker.data_plane import DRAFT_RANK, DataPlane, DataPlaneError, DraftPayload
-from minedraft.worker.plan import apply_membership, timed, worker_info
+from minedraft.worker.data_plane import DRAFT_RANK, DataPlane, DataPlaneError, DraftPayload, PlaneOwner, setup_timeout_s
+from minedraft.worker.plan import apply_membership, forget_all, timed, worker_info
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ def wait_for_device(tensor: torch.Tensor) -> None:
         torch.cuda.current_stream(tensor.device).synchronize()
 
 
-class DraftExecutor:
+class DraftExecutor(PlaneOwner):
     role = "draft"
 
     def __init__(self, worker: DraftWorker) -> None:
@@ -34,23 +34,19 @@ class DraftExecutor:
         self.last_step = -1
 
     def reset(self) -> None:
-        for seq_id in list(self.worker.seqs):
-            self.worker.remove(seq_id)
-        if self.plane is not None:
-            self.plane.close()
-            self.plane = None
+        forget_all(self.worker)
+        self._drop_plane()
         self.verdict_pending = False
 
     def handle_setup(self, setup: control_pb2.DataPlaneSetup) -> control_pb2.WorkerEvent:
-        if self.plane is not None:
-            self.plane.close()
-            self.plane = None
+        self._drop_plane()
         self.verdict_pending = False
+        timeout_s = setup_timeout_s(setup.timeout_s)
         try:
             store = dist.TCPStore(setup.master_addr, setup.master_port, is_master=False,
-                                  timeout=timedelta(seconds=setup.timeout_s or 20))
+                                  timeout=timedelta(seconds=timeout_s))
             self.plane = DataPlane(DRAFT_RANK, setup.epoch, store, setup.backend, self.worker.runner.device,
-                                   setup.timeout_s or 20)
+                                   timeout_s)
         except (DataPlaneError, RuntimeError) as exc:
             return control_pb2.WorkerEvent(step=-1, data_plane_lost=True, error=str(exc))
         return control_pb2.WorkerEvent(step=-1, setup_done=True)
@@ -84,7 +80,7 @@ class DraftExecutor:
                     self.plane.send_drafts(DraftPayload(plan.step, ids, proposal.tokens, proposal.probs))
         except DataPlaneError as exc:
             log.warning("verifier lost at step %d: %s", plan.step, exc)
-            self.plane = None
+            self._drop_plane()
             event.data_plane_lost = True
         self.last_step = plan.step
         return event

@@ -11,8 +11,16 @@ from minedraft.engine.drafter import Proposal
 from minedraft.engine.transfer import to_device
 from minedraft.engine.verifier import TargetWorker
 from minedraft.proto import control_pb2
-from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError, DraftPayload, VerdictPayload
-from minedraft.worker.plan import apply_membership, timed, worker_info
+from minedraft.worker.data_plane import (
+    VERIFIER_RANK,
+    DataPlane,
+    DataPlaneError,
+    DraftPayload,
+    PlaneOwner,
+    VerdictPayload,
+    setup_timeout_s,
+)
+from minedraft.worker.plan import apply_membership, forget_all, timed, worker_info
 from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, KIND_STOP, StepBroadcast
 
 log = logging.getLogger(__name__)
@@ -35,11 +43,6 @@ def verify_ids(worker: TargetWorker, plan: control_pb2.StepPlan) -> list[int]:
     return [s for s in plan.verify_batch if s in worker.seqs]
 
 
-def forget_all(worker: TargetWorker) -> None:
-    for seq_id in list(worker.seqs):
-        worker.remove(seq_id)
-
-
 def follow(worker: TargetWorker, channel: StepBroadcast) -> None:
     """A tensor-parallel rank > 0: run every step rank 0 announces, until told to stop."""
     while True:
@@ -56,7 +59,7 @@ def follow(worker: TargetWorker, channel: StepBroadcast) -> None:
             worker.verify(ids, msg.proposal)
 
 
-class VerifierExecutor:
+class VerifierExecutor(PlaneOwner):
     role = "target"
 
     def __init__(
@@ -84,17 +87,12 @@ class VerifierExecutor:
         self._drop_plane()
         self.drafts_pending = False
 
-    def _drop_plane(self) -> None:
-        if self.plane is not None:
-            self.plane.close()
-            self.plane = None
-
     def handle_setup(self, setup: control_pb2.DataPlaneSetup) -> control_pb2.WorkerEvent:
         self._drop_plane()
         self.drafts_pending = False
         try:
             self.plane = DataPlane(VERIFIER_RANK, setup.epoch, self.store, setup.backend,
-                                   self.worker.runner.device, setup.timeout_s or 20)
+                                   self.worker.runner.device, setup_timeout_s(setup.timeout_s))
         except DataPlaneError as exc:
             return control_pb2.WorkerEvent(step=-1, data_plane_lost=True, error=str(exc))
         return control_pb2.WorkerEvent(step=-1, setup_done=True)

@@ -28,6 +28,11 @@ class DataPlaneError(MinedraftError):
     """The peer is gone or the transport failed; the caller falls back."""
 
 
+def setup_timeout_s(setup_timeout: float) -> float:
+    """A DataPlaneSetup's timeout, 20 s when the manager left it unset."""
+    return setup_timeout or 20.0
+
+
 @dataclass(slots=True)
 class DraftPayload:
     step: int
@@ -163,3 +168,15 @@ class DataPlane:
             pass
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class PlaneOwner:
+    """An executor's hold on its data plane. Dropping it always closes the process group:
+    one left open makes every later epoch in this process fail to form."""
+
+    plane: DataPlane | None = None
+
+    def _drop_plane(self) -> None:
+        if self.plane is not None:
+            self.plane.close()
+            self.plane = None

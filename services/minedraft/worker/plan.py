@@ -25,6 +25,11 @@ def apply_membership(worker: Worker, plan: control_pb2.StepPlan) -> None:
         worker.add(spec.seq_id, list(spec.tokens), sampling_from_spec(spec))
 
 
+def forget_all(worker: Worker) -> None:
+    for seq_id in list(worker.seqs):
+        worker.remove(seq_id)
+
+
 @contextmanager
 def timed(timing: control_pb2.StepTiming, field: str) -> Iterator[None]:
     start = time.perf_counter()

@@ -26,6 +26,7 @@ from minedraft.proto import control_pb2, control_pb2_grpc
 
 log = logging.getLogger(__name__)
 PROFILE_ENV = "MINEDRAFT_PROFILE_DIR"
+LOOP_EXIT_TIMEOUT_S = 60.0  # a step blocked on the data plane gives up within its own timeout
 PROFILE_FROM_ENV = "MINEDRAFT_PROFILE_FROM_STEP"
 
 
@@ -57,13 +58,19 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
     ) -> Iterator[control_pb2.WorkerEvent]:
         if not self._lock.acquire(blocking=False):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "another batch manager is already connected")
+        loop: threading.Thread | None = None
         try:
             self.executor.reset()
             events: queue.Queue[control_pb2.WorkerEvent | None] = queue.Queue()
-            threading.Thread(target=self._run, args=(request_iterator, events), daemon=True).start()
+            loop = threading.Thread(target=self._run, args=(request_iterator, events), daemon=True)
+            loop.start()
             while (event := events.get()) is not None:
                 yield event
         finally:
+            # A cancelled stream can leave the loop inside a step: let it finish before the
+            # reset frees its sequences and closes its data plane under it.
+            if loop is not None:
+                loop.join(timeout=LOOP_EXIT_TIMEOUT_S)
             self.executor.reset()
             self._lock.release()
 
