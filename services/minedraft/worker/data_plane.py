@@ -45,7 +45,7 @@ class DraftPayload:
 class VerdictPayload:
     step: int
     seq_ids: list[int]
-    tokens: torch.Tensor  # [B, k+1], -1 padded
+    tokens: torch.Tensor  # [B, k+1], -1 padded (received: on the host)
     accepted: torch.Tensor  # [B]
 
 
@@ -120,19 +120,19 @@ class DataPlane:
         tensors = [frame] + ([body[room:]] if body.numel() > room else []) + (extra or [])
         self._send(tensors, channel)
 
-    def _recv_frame(self, channel: str) -> tuple[list[int], list[int], torch.Tensor]:
-        """(header, body as a host list, body as a device tensor)."""
+    def _recv_frame(self, channel: str) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """(header, the body on the host, the body on the device): one copy to the host."""
         frame = self._recv((_FRAME,), torch.int64, channel)
-        values = frame.tolist()
-        header, length = values[:_HEADER], values[_HEADER - 1]
+        host = frame.cpu()
+        header = host[:_HEADER].tolist()
+        length = header[_HEADER - 1]
         room = _FRAME - _HEADER
         body = frame[_HEADER : _HEADER + min(length, room)]
-        host = values[_HEADER : _HEADER + min(length, room)]
         if length > room:
             rest = self._recv((length - room,), torch.int64, channel)
             body = torch.cat((body, rest))
-            host += rest.tolist()
-        return header, host, body
+            host = torch.cat((host, rest.cpu()))
+        return header, host[_HEADER : _HEADER + length], body
 
     def _ids(self, seq_ids: list[int]) -> torch.Tensor:
         return to_device(torch.tensor(seq_ids, dtype=torch.int64), self.device)
@@ -148,7 +148,7 @@ class DataPlane:
     def recv_drafts(self) -> DraftPayload:
         (step, batch, k, has_probs, vocab, _), host, body = self._recv_frame("drafts")
         probs = self._recv((batch, k, vocab), torch.float32, "drafts") if has_probs else None
-        return DraftPayload(step, host[:batch], body[batch:].view(batch, k), probs)
+        return DraftPayload(step, host[:batch].tolist(), body[batch:].view(batch, k), probs)
 
     def send_verdict(self, payload: VerdictPayload) -> None:
         batch, width = payload.tokens.shape
@@ -157,8 +157,10 @@ class DataPlane:
         self._send_frame([payload.step, batch, width - 1], body, "verdicts")
 
     def recv_verdict(self) -> VerdictPayload:
-        (step, batch, k, *_), host, body = self._recv_frame("verdicts")
-        return VerdictPayload(step, host[:batch], body[2 * batch :].view(batch, k + 1), body[batch : 2 * batch])
+        # The draft service reads verdicts on the host only, so they stay there.
+        (step, batch, k, *_), host, _ = self._recv_frame("verdicts")
+        return VerdictPayload(step, host[:batch].tolist(), host[2 * batch :].view(batch, k + 1),
+                              host[batch : 2 * batch])
 
     def close(self) -> None:
         try:
