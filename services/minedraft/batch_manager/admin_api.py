@@ -24,11 +24,10 @@ def install_admin_routes(app: FastAPI, coordinator: Coordinator) -> None:
 
     @router.get("/policy")
     async def get_policy() -> dict[str, object]:
-        c = coordinator.config
-        return {"mode": c.mode, "k": c.k, "max_num_seqs": c.max_num_seqs, "pipeline_depth": c.pipeline_depth}
+        return coordinator.config.policy()
 
     @router.put("/policy")
     async def put_policy(update: PolicyUpdate) -> dict[str, object]:
-        return await coordinator.apply_policy(update.mode, update.k, update.max_num_seqs, update.pipeline_depth)
+        return await coordinator.apply_policy(**update.model_dump(exclude_none=True))
 
     app.include_router(router)

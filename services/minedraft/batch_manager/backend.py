@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from minedraft.engine.errors import MinedraftError
+from minedraft.engine.request import Request
 from minedraft.engine.sampling import SamplingParams
 from minedraft.engine.tokenizer import Tokenizer
 
@@ -32,6 +33,14 @@ class GenerationChunk:
     finish_reason: str | None  # None while running; "stop" | "length" | "abort" at the end
     prompt_tokens: int
     completion_tokens: int  # total so far
+
+    @classmethod
+    def take_from(cls, req: Request) -> GenerationChunk | None:
+        """What `req` produced since the last call; None when there is nothing to say."""
+        text, token_ids = req.take_delta()
+        if not (text or token_ids or req.finished):
+            return None
+        return cls(text, token_ids, req.finish_reason, len(req.prompt_ids), len(req.output_ids))
 
 
 class GenerationBackend(Protocol):

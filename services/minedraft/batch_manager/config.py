@@ -8,6 +8,7 @@ from minedraft.engine.errors import InvalidRequestError
 from minedraft.engine.validation import validate_k
 
 MODES = ("psd", "sd", "ar", "auto")
+POLICY_FIELDS = ("mode", "k", "max_num_seqs", "pipeline_depth")
 
 
 @dataclass(slots=True)
@@ -24,6 +25,10 @@ class ManagerConfig:
     draft_retry_s: float = 1.0
     auto_min_tokens_per_step: float = 1.3
     auto_probe_steps: int = 200
+
+    def policy(self) -> dict[str, object]:
+        """The live-tunable part (what GET/PUT /admin/policy show)."""
+        return {name: getattr(self, name) for name in POLICY_FIELDS}
 
     def validate(self) -> None:
         if self.mode not in MODES:

@@ -21,9 +21,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from minedraft.batch_manager.backend import GenerationChunk, QueueFullError, UnavailableError
-from minedraft.batch_manager.config import ManagerConfig
+from minedraft.batch_manager.config import POLICY_FIELDS, ManagerConfig
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
 from minedraft.batch_manager.step_stats import Counters
 from minedraft.batch_manager.worker_link import WorkerLink
@@ -338,10 +339,9 @@ class Coordinator:
 
     def _notify(self, req: Request) -> None:
         queue = self.chunks.get(req.req_id)
-        text, tokens = req.take_delta()
-        if queue is not None and (text or tokens or req.finished):
-            queue.put_nowait(GenerationChunk(text, tokens, req.finish_reason, len(req.prompt_ids),
-                                             len(req.output_ids)))
+        chunk = GenerationChunk.take_from(req)
+        if queue is not None and chunk is not None:
+            queue.put_nowait(chunk)
 
     def _finish_and_notify(self, req: Request, reason: str) -> None:
         req.finish(reason)
@@ -369,17 +369,17 @@ class Coordinator:
 
     # ----- live policy ------------------------------------------------------------------
 
-    async def apply_policy(self, mode: str | None = None, k: int | None = None,
-                           max_num_seqs: int | None = None, pipeline_depth: int | None = None) -> dict[str, object]:
+    async def apply_policy(self, **changes: object) -> dict[str, object]:
         """Change mode, k, the running-batch cap or the plan pipeline's depth without a restart
         (SpeculationPolicy).
 
         The loop is drained first so no step straddles the change: every issued plan has
         run, the mirror equals the verifier, and the next plan starts from a draft step.
         """
-        new = ManagerConfig(**{**{f: getattr(self.config, f) for f in ManagerConfig.__slots__},
-                               **{n: v for n, v in (("mode", mode), ("k", k), ("max_num_seqs", max_num_seqs),
-                                                    ("pipeline_depth", pipeline_depth)) if v is not None}})
+        unknown = set(changes) - set(POLICY_FIELDS)
+        if unknown:
+            raise InvalidRequestError(f"not policy fields: {sorted(unknown)}; use {list(POLICY_FIELDS)}")
+        new = replace(self.config, **{name: value for name, value in changes.items() if value is not None})
         new.validate()
         if self.draft is None and new.mode != "ar":
             raise InvalidRequestError("this deployment has no draft service; only mode 'ar' is possible")
@@ -392,7 +392,7 @@ class Coordinator:
         finally:
             self.paused = False
             self._wake.set()
-        return {"mode": new.mode, "k": new.k, "max_num_seqs": new.max_num_seqs, "pipeline_depth": new.pipeline_depth}
+        return new.policy()
 
     # ----- draft service loss and return ------------------------------------------------
 

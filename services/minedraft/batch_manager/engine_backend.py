@@ -14,11 +14,10 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from minedraft.batch_manager.backend import GenerationChunk, QueueFullError
-from minedraft.engine.engine import EngineConfig, LLMEngine
+from minedraft.engine.engine import LLMEngine
 from minedraft.engine.request import Request
 from minedraft.engine.sampling import SamplingParams
 from minedraft.engine.validation import validate_request
@@ -108,13 +107,6 @@ class EngineBackend:
         self._snapshot = self._engine_snapshot()
         self._thread = threading.Thread(target=self._run, name="minedraft-engine", daemon=True)
         self._thread.start()
-
-    @classmethod
-    def from_folders(
-        cls, target_dir: str | Path, draft_dir: str | Path | None, config: EngineConfig, max_queue: int = 256
-    ) -> EngineBackend:
-        engine = LLMEngine.from_folders(target_dir, draft_dir, config)
-        return cls(engine, model_name=Path(target_dir).name, max_queue=max_queue)
 
     # ----- API side (event loop threads) -----
 
@@ -230,10 +222,9 @@ class EngineBackend:
                 self._emit(handle, req)
 
     def _emit(self, handle: _Handle, req: Request) -> None:
-        text, token_ids = req.take_delta()
-        if not (text or token_ids or req.finished):
+        chunk = GenerationChunk.take_from(req)
+        if chunk is None:
             return
-        chunk = GenerationChunk(text, token_ids, req.finish_reason, len(req.prompt_ids), len(req.output_ids))
         if req.finished:
             self._handles.pop(req.req_id, None)
             self._retire(handle, aborted=False)

@@ -82,9 +82,11 @@ class TwoBatchScheduler:
             loads = (self.load(0), self.load(1))
             heavy = 0 if loads[0] > loads[1] else 1
             gap = abs(loads[0] - loads[1])
-            movable = [s for s in self.members(heavy) if s.next_is_draft]
+            members = self.members(heavy)
+            if len(members) <= 1:
+                return moved
             # Moving cost c changes the gap to |gap - 2c|: worth it only when c < gap.
-            candidates = [s for s in movable if s.step_cost < gap and len(self.members(heavy)) > 1]
+            candidates = [s for s in members if s.next_is_draft and s.step_cost < gap]
             if not candidates:
                 return moved
             best = min(candidates, key=lambda s: abs(gap - 2 * s.step_cost))
