@@ -24,6 +24,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -129,14 +130,13 @@ def greedy_acceptance(inproc: InProcess, k: int = 4) -> float:
     return inproc.run(eng, prompts(16, seed=7), 32)["acceptance"]
 
 
-def calibrate(shape: str, draft_layers: int, targets: list[float],
+def calibrate(shape: str, draft_layers: int, draft, targets: list[float],
               grid: tuple[float, ...] = (0.003, 0.008, 0.02, 0.05, 0.12)) -> dict[float, float]:
-    """alpha for each target acceptance: measure a fixed alpha grid once (the draft is built
-    once), then interpolate acceptance linearly in log(alpha). The sweep reports the
-    acceptance it then measures, not the goal."""
+    """alpha for each target acceptance: measure a fixed alpha grid once, then interpolate
+    acceptance linearly in log(alpha). The sweep reports the acceptance it then measures,
+    not the goal."""
     import math
 
-    draft = load_model(spec(shape, "draft", 0.0, draft_layers), "cuda:0", torch.bfloat16)
     points = []
     for alpha in grid:
         inproc = InProcess(spec(shape, "target", alpha, draft_layers), "", 512, draft_model=draft)
@@ -233,12 +233,12 @@ def nccl_transport(log_dir: Path) -> str:
     return ", ".join(sorted(found)) or "unknown"
 
 
-def services_sweep(args: argparse.Namespace, alpha: float, pair: tuple[str, str], ks: list[int], ms: list[int],
+def services_sweep(args: argparse.Namespace, alpha: float, log_dir: Path, ks: list[int], ms: list[int],
                    time_left) -> tuple[list[dict], str]:
-    log_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"minedraft_logs_alpha{alpha}"
+    target, draft = pair_of(args, alpha)
     cfg = StackConfig(
-        target=pair[0],
-        draft=pair[1],
+        target=target,
+        draft=draft,
         grpc_port=free_port(), http_port=free_port(), tp_size=args.tp_size,
         target_device=",".join(f"cuda:{r}" for r in range(args.tp_size)), draft_device=f"cuda:{args.tp_size}",
         mode="psd", k=ks[0], threads=4, max_num_seqs=2 * max(ms), num_blocks=args.num_blocks,
@@ -274,7 +274,6 @@ def host_profile(args: argparse.Namespace, alpha: float, k: int = 4, m: int = 16
     """cProfile of the verifier's and the draft service's loop threads over one PSD m+m run:
     where each side's per-step host time goes (a separate run; profiling slows the host)."""
     import pstats
-    import tempfile
 
     prof_dir = Path(tempfile.mkdtemp(prefix="minedraft_prof_"))
     target, draft = pair_of(args, alpha)
@@ -318,7 +317,7 @@ def hf_peer(inproc: InProcess, max_tokens: int) -> dict[str, float]:
                 model = LlamaForCausalLM(cfg)
         finally:
             torch.set_default_dtype(torch.float32)
-        model.load_state_dict({n: p for n, p in ours.state_dict().items() if "inv_freq" not in n}, strict=False)
+        model.load_state_dict(ours.state_dict(), strict=True)  # every tensor, or no comparison
         return model.eval()
 
     target, draft = hf_model(inproc.target), hf_model(inproc.draft)
@@ -345,11 +344,12 @@ def pair_of(args: argparse.Namespace, alpha: float) -> tuple[str, str]:
     return spec(args.shape, "target", alpha, args.draft_layers), spec(args.shape, "draft", alpha, args.draft_layers)
 
 
-def inprocess_sweep(args: argparse.Namespace, goal: float, alpha: float, goals: list[float], results: dict,
-                    ks: list[int], ms: list[int]) -> list[dict]:
+def inprocess_sweep(args: argparse.Namespace, goal: float, alpha: float, results: dict, ks: list[int],
+                    ms: list[int], synthetic_draft) -> list[dict]:
     rows: list[dict] = []
-    inproc = InProcess(*pair_of(args, alpha), args.num_blocks)
-    if goal == goals[0] and alpha >= 0:
+    # The synthetic draft is the same model at every alpha (alpha scales only target layers).
+    inproc = InProcess(*pair_of(args, alpha), args.num_blocks, draft_model=synthetic_draft if alpha >= 0 else None)
+    if goal == args.full_grid and alpha >= 0:
         results["ar_bandwidth"] = ar_bandwidth(inproc)
         log(f"AR batch-1 bandwidth: {results['ar_bandwidth']}")
         if not args.skip_hf:
@@ -428,10 +428,13 @@ def main() -> int:
     results["ceilings"] = ceilings()
     log(f"ceilings: {results['ceilings']}")
     goals = [float(x) for x in args.acceptance.split(",")]
+    needs_draft = not (args.alphas and args.skip_inprocess)
+    synthetic_draft = (load_model(spec(args.shape, "draft", 0.0, args.draft_layers), "cuda:0", torch.bfloat16)
+                       if needs_draft else None)
     if args.alphas:
         alphas = dict(zip(goals, [float(x) for x in args.alphas.split(",")], strict=True))
     else:
-        alphas = calibrate(args.shape, args.draft_layers, goals)
+        alphas = calibrate(args.shape, args.draft_layers, synthetic_draft, goals)
     results["alphas"] = {str(k): v for k, v in alphas.items()}
     if args.tiny:
         alphas["tiny"] = -1.0  # the bundled pair, last: its acceptance is what it is
@@ -452,7 +455,7 @@ def main() -> int:
             break
         try:
             if not args.skip_inprocess:
-                inproc_rows += inprocess_sweep(args, goal, alpha, [args.full_grid], results, *grid(goal))
+                inproc_rows += inprocess_sweep(args, goal, alpha, results, *grid(goal), synthetic_draft)
         except Exception as exc:  # keep what was measured; say what broke
             log(f"in-process sweep failed at alpha {alpha}: {exc!r}")
             results.setdefault("errors", []).append(f"inprocess alpha {alpha}: {exc!r}")
@@ -461,14 +464,14 @@ def main() -> int:
         (out / "results.json").write_text(json.dumps(results, indent=1))
         if args.skip_services or not time_left():
             continue
+        log_dir = Path(tempfile.mkdtemp(prefix=f"minedraft_logs_alpha{alpha}_"))  # fresh: NCCL lines of this run only
         try:
-            rows, transport = services_sweep(args, alpha, pair_of(args, alpha), *grid(goal), time_left)
+            rows, transport = services_sweep(args, alpha, log_dir, *grid(goal), time_left)
             service_rows += rows
             transports[str(alpha)] = transport
         except Exception as exc:
             log(f"service sweep failed at alpha {alpha}: {exc!r}")
-            logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"minedraft_logs_alpha{alpha}"
-            tails = {f.name: f.read_text(errors="ignore").splitlines()[-25:] for f in logs.glob("*.log")}
+            tails = {f.name: f.read_text(errors="ignore").splitlines()[-25:] for f in log_dir.glob("*.log")}
             results.setdefault("errors", []).append({"services": alpha, "error": repr(exc), "logs": tails})
         results["services"] = service_rows
         results["nccl_transport"] = transports

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import inspect
 import os
 import random
 import sys
@@ -105,15 +104,6 @@ def make_cases(quick: bool, seed: int) -> list[Case]:
     return cases
 
 
-def _reference_metadata(attention, positions, starts, query_lens, table, window):
-    """Plain-torch metadata, for either build_metadata signature (positions-based or starts-based)."""
-    params = inspect.signature(attention.build_metadata).parameters
-    if "starts" in params:
-        kwargs = {"backend": "torch"} if "backend" in params else {}
-        return attention.build_metadata(starts, query_lens, positions.shape[1], table, BLOCK_SIZE, window, **kwargs)
-    return attention.build_metadata(positions, query_lens, table, BLOCK_SIZE, window)
-
-
 def run_case(case: Case, device, gen):
     import torch
 
@@ -162,16 +152,12 @@ def run_case(case: Case, device, gen):
     start_t = torch.tensor(starts, dtype=torch.long)
     offsets = torch.arange(width).unsqueeze(0)
     valid = offsets < qlens.unsqueeze(1)
-    positions = torch.where(valid, start_t.unsqueeze(1) + offsets, 0)
-    meta = _reference_metadata(attention, positions, start_t, qlens, table, case.window)
+    meta = attention.build_metadata(start_t, qlens, width, table, BLOCK_SIZE, case.window)
     scale = dim**-0.5
 
     # Reference on CPU: NaN-free copy of the cache, plain-torch write and attention in fp32.
     ref_k, ref_v = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)
-    if "meta" in inspect.signature(attention.write_kv).parameters:
-        attention.write_kv(ref_k, ref_v, k, v, meta)
-    else:
-        attention.write_kv(ref_k, ref_v, k, v, meta.slot_mapping)
+    attention.write_kv(ref_k, ref_v, k, v, meta)
     ref = attention.paged_attention(q.float(), ref_k.float(), ref_v.float(), meta, scale)
 
     # Triton on the target device.
