@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from minedraft.cli.stack import LocalStack
 from minedraft.engine.drafter import DraftWorker
 from minedraft.engine.engine import EngineConfig, LLMEngine
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.tokenizer import Tokenizer as EngineTokenizer
 from minedraft.engine.verifier import TargetWorker
+from minedraft.proto import control_pb2, control_pb2_grpc, generation_pb2, generation_pb2_grpc
 
 ARCH_CONFIGS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
@@ -100,3 +106,31 @@ def random_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     make_hf_model(root / "target", "llama", seed=1)
     make_hf_model(root / "draft", "llama", seed=2, num_hidden_layers=1, hidden_size=32, intermediate_size=48)
     return root / "target", root / "draft"
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Poll a condition that another thread makes true; fail with a clear message on timeout."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+def worker_info(port: int) -> control_pb2.WorkerInfo:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        return control_pb2_grpc.WorkerStub(channel).Info(control_pb2.InfoRequest(), timeout=5)
+
+
+async def grpc_stream(stack: LocalStack, prompt: list[int], max_tokens: int, delay: float) -> list[int]:
+    await asyncio.sleep(delay)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.cfg.grpc_port}") as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        request = generation_pb2.GenerateRequest(
+            token_ids=generation_pb2.TokenIds(ids=prompt),
+            sampling=generation_pb2.SamplingParameters(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        )
+        tokens: list[int] = []
+        async for chunk in stub.GenerateStream(request, timeout=240):
+            tokens.extend(chunk.token_ids)
+        return tokens

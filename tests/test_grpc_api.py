@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import threading
-import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,20 +21,11 @@ from minedraft.engine.sampling import SamplingParams
 from minedraft.proto import _codegen
 from minedraft.proto import generation_pb2 as pb
 from minedraft.proto import generation_pb2_grpc as pb_grpc
-from tests.conftest import engine_from_folders
+from tests.conftest import engine_from_folders, wait_until
 
 T = TypeVar("T")
 PROMPTS = ["w5 w9 w13", [7, 7, 7, 7, 7, 7], [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], "w42"]
 MAX_TOKENS = 20
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    """Poll a condition that another thread makes true; fail with a clear message on timeout."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 class LoopThread:

@@ -6,8 +6,7 @@ import json
 import shutil
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,21 +24,12 @@ from minedraft.batch_manager.openai_models import ChatMessage
 from minedraft.engine.engine import LLMEngine
 from minedraft.engine.sampling import SamplingParams
 from minedraft.engine.tokenizer import Tokenizer
-from tests.conftest import engine_from_folders
+from tests.conftest import engine_from_folders, wait_until
 
 MODEL = "random"
 PROMPTS: list[str | list[int]] = ["w5 w9 w13", [7, 7, 7, 7, 7, 7], "w2 w3 w4 w5 w6 w7 w8 w9 w10"]
 MAX_TOKENS = 20
 GREEDY = {"model": MODEL, "temperature": 0, "max_tokens": MAX_TOKENS}
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    """Poll a condition that another thread makes true; fail with a clear message on timeout."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import grpc
@@ -13,8 +12,8 @@ import pytest
 
 from minedraft.cli.stack import LocalStack, StackConfig, free_port
 from minedraft.engine.sampling import SamplingParams
-from minedraft.proto import control_pb2, control_pb2_grpc, generation_pb2, generation_pb2_grpc
-from tests.conftest import engine_from_folders
+from minedraft.proto import generation_pb2, generation_pb2_grpc
+from tests.conftest import engine_from_folders, grpc_stream, wait_until, worker_info
 
 NUM_BLOCKS = 1024
 
@@ -39,20 +38,6 @@ def reference(random_pair, prompts: list[list[int]], max_tokens: list[int]) -> l
 
 def health(stack: LocalStack) -> dict:
     return httpx.get(f"http://127.0.0.1:{stack.cfg.http_port}/health", timeout=5).json()
-
-
-async def grpc_stream(stack: LocalStack, prompt: list[int], max_tokens: int, delay: float) -> list[int]:
-    await asyncio.sleep(delay)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.cfg.grpc_port}") as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
-        request = generation_pb2.GenerateRequest(
-            token_ids=generation_pb2.TokenIds(ids=prompt),
-            sampling=generation_pb2.SamplingParameters(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
-        )
-        tokens: list[int] = []
-        async for chunk in stub.GenerateStream(request, timeout=240):
-            tokens.extend(chunk.token_ids)
-        return tokens
 
 
 async def http_stream(stack: LocalStack, prompt: list[int], max_tokens: int, delay: float) -> list[int]:
@@ -98,18 +83,6 @@ def test_single_request_runs_standard_sd(stack, random_pair) -> None:
     assert after["psd"] == before["psd"] and after["sd"] > before["sd"]
 
 
-def worker_info(port: int) -> control_pb2.WorkerInfo:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        return control_pb2_grpc.WorkerStub(channel).Info(control_pb2.InfoRequest(), timeout=5)
-
-
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
-
-
 def test_cancel_mid_stream_frees_kv_blocks_on_both_workers(stack) -> None:
     async def cancel_after_two_chunks() -> int:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.cfg.grpc_port}") as channel:
@@ -129,7 +102,7 @@ def test_cancel_mid_stream_frees_kv_blocks_on_both_workers(stack) -> None:
 
     assert asyncio.run(cancel_after_two_chunks()) == 2
     for port in (stack.target_port, stack.draft_port):
-        wait_for(lambda port=port: worker_info(port).free_blocks == NUM_BLOCKS)
+        wait_until(lambda port=port: worker_info(port).free_blocks == NUM_BLOCKS, timeout=30)
         assert worker_info(port).sequences == 0
     assert health(stack)["running"] == 0
 
@@ -150,7 +123,7 @@ def test_draft_loss_falls_back_to_ar_and_recovers(stack, random_pair) -> None:
     status = health(stack)
     assert status["fallbacks"] >= 1 and status["steps_by_kind"]["ar"] > 0
     stack.start_draft()
-    wait_for(lambda: health(stack)["draft_connected"], timeout=60)
+    wait_until(lambda: health(stack)["draft_connected"], timeout=60)
     before = health(stack)["steps_by_kind"]
 
     async def rerun() -> list[list[int]]:
@@ -259,7 +232,7 @@ def test_lost_verifier_gives_unavailable_not_a_hang(random_pair, tmp_path) -> No
         s.start(timeout=120)
         assert asyncio.run(grpc_stream(s, [5, 6], 4, 0)) != []
         s.kill("verifier")
-        wait_for(lambda: health(s)["status"] == "ok" and httpx.post(
+        wait_until(lambda: health(s)["status"] == "ok" and httpx.post(
             f"http://127.0.0.1:{cfg.http_port}/v1/completions", json={"prompt": [5], "max_tokens": 2},
             timeout=10).status_code == 503)
         with grpc.insecure_channel(f"127.0.0.1:{cfg.grpc_port}") as channel:

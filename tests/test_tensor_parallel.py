@@ -17,7 +17,7 @@ from minedraft.engine.sampling import SamplingParams
 from minedraft.engine.tensor_parallel import TPContext
 from minedraft.engine.tokenizer import Tokenizer
 from minedraft.engine.verifier import TargetWorker
-from tests.conftest import make_hf_model
+from tests.conftest import grpc_stream, make_hf_model, worker_info
 
 PROMPTS = [[5, 9, 13, 2, 7], [3] * 9, [11, 12]]
 IDS = [4, 8, 15, 16, 23, 42, 7, 1, 9, 30, 31]
@@ -66,7 +66,6 @@ def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path) -> N
     import asyncio
 
     from minedraft.cli.stack import LocalStack, StackConfig, free_port
-    from tests.test_psd_stack import grpc_stream, worker_info
 
     make_hf_model(tmp_path / "target", "qwen2", seed=21)
     make_hf_model(tmp_path / "draft", "qwen2", seed=22, num_hidden_layers=1)
