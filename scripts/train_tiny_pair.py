@@ -747,7 +747,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--held-out-fraction", type=float, default=0.02)
-    p.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--target-steps", type=int, default=600, help="~8 min on 2 CPU cores")
@@ -800,7 +799,7 @@ def train_pair(args: argparse.Namespace, corpus: Corpus, argv: list[str] | None)
     """Train tokenizer, target and draft; save them; return the training record."""
     run_start = time.perf_counter()
     tok_start = time.perf_counter()
-    tokenizer = train_bpe_tokenizer([f.text for f in corpus.train], args.vocab_size)
+    tokenizer = train_bpe_tokenizer([f.text for f in corpus.train], VOCAB_SIZE)
     tokenizer_seconds = time.perf_counter() - tok_start
     stream = concatenate_with_eos(encode_documents(tokenizer, corpus.train))
     print(f"tokenizer: {tokenizer.get_vocab_size()} tokens in {tokenizer_seconds:.1f}s; "
