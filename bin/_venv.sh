@@ -11,7 +11,11 @@ if [ ! -f "$STAMP" ] || [ "$ROOT/pyproject.toml" -nt "$STAMP" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip >&2
   # The CPU build of torch; a plain 'torch' requirement would pull a multi-GB CUDA build.
   "$VENV/bin/python" -m pip install -q "torch==2.13.0" >&2
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]" >&2
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[dev,worker]" >&2
   touch "$STAMP"
+fi
+# Stubs are build outputs: regenerate them when a .proto changed since the install (fast no-op otherwise).
+if [ -n "$(find "$ROOT/proto" -name '*.proto' -newer "$STAMP" 2>/dev/null)" ]; then
+  "$VENV/bin/python" -m minedraft.proto._codegen && touch "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -36,12 +36,12 @@ sys.path.insert(0, str(ROOT / "services"))
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET  # noqa: E402
 from minedraft.cli.bench_psd import delta, fetch_status, put_policy, run_workload  # noqa: E402
 from minedraft.cli.stack import LocalStack, StackConfig, free_port  # noqa: E402
+from minedraft.core.sampling_params import SamplingParams  # noqa: E402
+from minedraft.core.tokenizer import Tokenizer  # noqa: E402
 from minedraft.engine.drafter import DraftWorker  # noqa: E402
 from minedraft.engine.engine import EngineConfig, LLMEngine  # noqa: E402
 from minedraft.engine.loader import load_model  # noqa: E402
 from minedraft.engine.runner import ModelRunner  # noqa: E402
-from minedraft.engine.sampling import SamplingParams  # noqa: E402
-from minedraft.engine.tokenizer import Tokenizer  # noqa: E402
 from minedraft.engine.verifier import TargetWorker  # noqa: E402
 
 PROMPT_LEN = 32

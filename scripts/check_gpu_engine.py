@@ -21,10 +21,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "services"))
 
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
+from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.engine import EngineConfig, LLMEngine
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
-from minedraft.engine.sampling import SamplingParams
 
 PROMPTS = ["def main(argv):\n    ", "import os\nimport sys\n\n\nclass ", "    return self._", "x = ",
            "for i in range(", "with open(path) as f:\n", "try:\n    import", "@property\ndef "] * 4
@@ -69,7 +69,7 @@ def tp_stack_check() -> bool:
 
     from minedraft.cli.bench_psd import generate_all, put_policy
     from minedraft.cli.stack import LocalStack, StackConfig, free_port
-    from minedraft.engine.tokenizer import Tokenizer
+    from minedraft.core.tokenizer import Tokenizer
 
     tok = Tokenizer(TINY_TARGET)
     prompts = [tok.encode(p) for p in PROMPTS[:12]]

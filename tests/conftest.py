@@ -14,11 +14,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from minedraft.cli.stack import LocalStack
+from minedraft.core.tokenizer import Tokenizer as EngineTokenizer
 from minedraft.engine.drafter import DraftWorker
 from minedraft.engine.engine import EngineConfig, LLMEngine
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
-from minedraft.engine.tokenizer import Tokenizer as EngineTokenizer
 from minedraft.engine.verifier import TargetWorker
 from minedraft.proto import control_pb2, control_pb2_grpc, generation_pb2, generation_pb2_grpc
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
-from minedraft.engine.sampling import SamplingParams
+from minedraft.core.sampling_params import SamplingParams
 from tests.conftest import engine_from_folders, make_hf_model
 
 PROMPTS = [[5, 9, 13], [7] * 11, [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [42]]

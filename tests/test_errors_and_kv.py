@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from minedraft.core.errors import InvalidRequestError, ModelLoadError
+from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.config import load_model_config
-from minedraft.engine.errors import InvalidRequestError, ModelLoadError
 from minedraft.engine.kv_cache import BlockAllocator
 from minedraft.engine.loader import load_model
-from minedraft.engine.sampling import SamplingParams
 from tests.conftest import engine_from_folders, make_hf_model
 
 

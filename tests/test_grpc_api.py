@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from minedraft.batch_manager.engine_backend import EngineBackend, all_kv_free
 from minedraft.batch_manager.grpc_api import SERVICE_NAME, GrpcServer, build_grpc_server
-from minedraft.engine.sampling import SamplingParams
+from minedraft.core.sampling_params import SamplingParams
 from minedraft.proto import _codegen
 from minedraft.proto import generation_pb2 as pb
 from minedraft.proto import generation_pb2_grpc as pb_grpc
@@ -191,7 +191,7 @@ def test_reflection_lists_the_generation_service(served: Served) -> None:
 
 
 def test_stub_generator_detects_stale_protos(tmp_path: Path) -> None:
-    """The build hook and ensure_stubs() regenerate exactly when a .proto changes, and fix the imports."""
+    """The build hook regenerates exactly when a .proto changes, and fixes the imports."""
     source = tmp_path / "v1"
     source.mkdir()
     for proto in _codegen.proto_files(Path(__file__).resolve().parents[1] / "proto" / "minedraft" / "v1"):
@@ -205,3 +205,10 @@ def test_stub_generator_detects_stale_protos(tmp_path: Path) -> None:
     with (source / "generation.proto").open("a") as fh:
         fh.write("\nmessage Extra {}\n")
     assert not _codegen.is_fresh(source, out)
+
+
+def test_installed_stubs_match_the_protos() -> None:
+    """A checkout whose stubs lag its .proto files fails here (fix: re-run bin/_venv.sh or pip install -e .)."""
+    package = Path(_codegen.__file__).resolve().parent
+    source = Path(__file__).resolve().parents[1] / "proto" / "minedraft" / "v1"
+    assert _codegen.is_fresh(source, package)

@@ -21,9 +21,9 @@ from minedraft.batch_manager.chat import chat_prompt_ids, render_chat
 from minedraft.batch_manager.engine_backend import EngineBackend, all_kv_free
 from minedraft.batch_manager.http_api import build_http_app
 from minedraft.batch_manager.openai_models import ChatMessage
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.tokenizer import Tokenizer
 from minedraft.engine.engine import LLMEngine
-from minedraft.engine.sampling import SamplingParams
-from minedraft.engine.tokenizer import Tokenizer
 from tests.conftest import engine_from_folders, wait_until
 
 MODEL = "random"

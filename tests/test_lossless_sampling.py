@@ -10,8 +10,9 @@ import torch
 from scipy import stats
 
 import minedraft.engine.verifier as verifier_module
+from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.rejection import Verdict
-from minedraft.engine.sampling import STREAM_ACCEPT, STREAM_TARGET, SamplingParams, sample_from, uniforms
+from minedraft.engine.sampling import STREAM_ACCEPT, STREAM_TARGET, sample_from, uniforms
 from tests.conftest import engine_from_folders, make_hf_model
 
 VOCAB = 6

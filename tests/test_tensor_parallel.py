@@ -9,13 +9,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from minedraft.core.errors import ModelLoadError
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.tokenizer import Tokenizer
 from minedraft.engine.engine import EngineConfig, LLMEngine
-from minedraft.engine.errors import ModelLoadError
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
-from minedraft.engine.sampling import SamplingParams
 from minedraft.engine.tensor_parallel import TPContext
-from minedraft.engine.tokenizer import Tokenizer
 from minedraft.engine.verifier import TargetWorker
 from tests.conftest import grpc_stream, make_hf_model, worker_info
 

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from minedraft.engine.errors import MinedraftError
-from minedraft.engine.request import Request
-from minedraft.engine.sampling import SamplingParams
-from minedraft.engine.tokenizer import Tokenizer
+from minedraft.core.errors import MinedraftError
+from minedraft.core.request import Request
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.tokenizer import Tokenizer
 
 
 class QueueFullError(MinedraftError):

@@ -19,8 +19,8 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from minedraft.batch_manager.openai_models import ChatMessage
-from minedraft.engine.errors import InvalidRequestError
-from minedraft.engine.tokenizer import Tokenizer
+from minedraft.core.errors import InvalidRequestError
+from minedraft.core.tokenizer import Tokenizer
 
 
 class _GenerationTag(Extension):

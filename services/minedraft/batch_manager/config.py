@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minedraft.engine.errors import InvalidRequestError
-from minedraft.engine.validation import validate_k
+from minedraft.core.errors import InvalidRequestError
+from minedraft.core.validation import validate_k
 
 MODES = ("psd", "sd", "ar", "auto")
 POLICY_FIELDS = ("mode", "k", "max_num_seqs", "pipeline_depth")

@@ -28,24 +28,15 @@ from minedraft.batch_manager.config import POLICY_FIELDS, ManagerConfig
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
 from minedraft.batch_manager.step_stats import Counters
 from minedraft.batch_manager.worker_link import WorkerLink
-from minedraft.engine.errors import InvalidRequestError, ModelLoadError
-from minedraft.engine.request import FINISH_ABORT, Request
-from minedraft.engine.sampling import SamplingParams
-from minedraft.engine.tokenizer import Tokenizer
-from minedraft.engine.validation import validate_request
+from minedraft.core.codec import seq_spec
+from minedraft.core.errors import InvalidRequestError, ModelLoadError
+from minedraft.core.request import FINISH_ABORT, Request
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.tokenizer import Tokenizer
+from minedraft.core.validation import validate_request
 from minedraft.proto import control_pb2
 
 log = logging.getLogger(__name__)
-
-def seq_spec(req: Request) -> control_pb2.SeqSpec:
-    p = req.params
-    return control_pb2.SeqSpec(
-        seq_id=req.req_id,
-        tokens=req.all_tokens,
-        sampling=control_pb2.SeqSampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                                         seed=p.resolved_seed()),
-    )
-
 
 class Coordinator:
     """A GenerationBackend that drives a remote verifier and draft service."""

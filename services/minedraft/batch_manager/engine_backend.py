@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minedraft.batch_manager.backend import GenerationChunk, QueueFullError
+from minedraft.core.request import Request
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.validation import validate_request
 from minedraft.engine.engine import LLMEngine
-from minedraft.engine.request import Request
-from minedraft.engine.sampling import SamplingParams
-from minedraft.engine.validation import validate_request
 
 log = logging.getLogger(__name__)
 

@@ -17,30 +17,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from minedraft.batch_manager.backend import GenerationBackend, GenerationChunk, QueueFullError, UnavailableError
-from minedraft.engine.errors import InvalidRequestError
-from minedraft.engine.sampling import SamplingParams
+from minedraft.core.codec import sampling_from_api
+from minedraft.core.errors import InvalidRequestError
 from minedraft.proto import generation_pb2, generation_pb2_grpc
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name  # "minedraft.v1.Generation"
-DEFAULT_MAX_TOKENS = 16
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_TOP_P = 1.0
-
-
-def sampling_from_proto(p: generation_pb2.SamplingParameters) -> SamplingParams:
-    """Proto -> engine params with the OpenAI defaults documented in generation.proto."""
-    return SamplingParams(
-        max_tokens=p.max_tokens if p.HasField("max_tokens") else DEFAULT_MAX_TOKENS,
-        temperature=p.temperature if p.HasField("temperature") else DEFAULT_TEMPERATURE,
-        top_p=p.top_p if p.HasField("top_p") else DEFAULT_TOP_P,
-        top_k=0 if p.top_k == -1 else p.top_k,
-        seed=p.seed if p.HasField("seed") else None,
-        stop=list(p.stop),
-        stop_token_ids=list(p.stop_token_ids),
-        ignore_eos=p.ignore_eos,
-    )
-
-
 def _usage(chunk: GenerationChunk) -> generation_pb2.Usage:
     return generation_pb2.Usage(prompt_tokens=chunk.prompt_tokens, completion_tokens=chunk.completion_tokens)
 
@@ -64,7 +45,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     ) -> AsyncIterator[tuple[str, GenerationChunk]]:
         """Backend chunks of one request; errors before the first chunk become gRPC statuses."""
         request_id = request.request_id or f"req-{uuid.uuid4().hex}"
-        params = sampling_from_proto(request.sampling)
+        params = sampling_from_api(request.sampling)
         try:
             stream = self.backend.generate(self._prompt_ids(request), params, request_id)
             async with aclosing(stream):

@@ -43,8 +43,8 @@ from minedraft.batch_manager.openai_models import (
     ModelList,
     UsageInfo,
 )
-from minedraft.engine.errors import InvalidRequestError
-from minedraft.engine.sampling import SamplingParams
+from minedraft.core.errors import InvalidRequestError
+from minedraft.core.sampling_params import SamplingParams
 
 T = TypeVar("T")
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}

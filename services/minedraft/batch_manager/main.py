@@ -16,7 +16,7 @@ from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.batch_manager.grpc_api import build_grpc_server
 from minedraft.batch_manager.http_api import build_http_app
 from minedraft.bundled import TINY_TARGET
-from minedraft.engine.tokenizer import Tokenizer
+from minedraft.core.tokenizer import Tokenizer
 from minedraft.worker.settings import env
 
 

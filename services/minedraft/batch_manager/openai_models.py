@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from minedraft.engine.errors import InvalidRequestError
-from minedraft.engine.sampling import SamplingParams
+from minedraft.core.codec import sampling_from_openai
+from minedraft.core.errors import InvalidRequestError
+from minedraft.core.sampling_params import SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy completions default
 
@@ -63,17 +64,9 @@ class _SamplingRequest(_Request):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
-        """OpenAI defaults (temperature 1, top_p 1); vLLM's top_k=-1 means disabled."""
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=0 if self.top_k in (None, -1) else self.top_k,
-            seed=self.seed,
-            stop=stop,
-            stop_token_ids=list(self.stop_token_ids or []),
-            ignore_eos=bool(self.ignore_eos),
+        return sampling_from_openai(
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
         )
 
 

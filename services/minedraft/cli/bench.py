@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 from minedraft.cli.options import add_model_flags
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.tokenizer import Tokenizer
 from minedraft.engine.engine import EngineConfig, LLMEngine
 from minedraft.engine.loader import parse_dtype
-from minedraft.engine.sampling import SamplingParams
-from minedraft.engine.tokenizer import Tokenizer
 
 
 def register(sub: argparse._SubParsersAction) -> None:

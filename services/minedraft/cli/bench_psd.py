@@ -22,7 +22,7 @@ import grpc
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
 from minedraft.cli.bench import benchmark_prompts_from_tokenizer
 from minedraft.cli.stack import LocalStack, StackConfig, free_port
-from minedraft.engine.tokenizer import Tokenizer
+from minedraft.core.tokenizer import Tokenizer
 from minedraft.proto import generation_pb2, generation_pb2_grpc
 
 

@@ -10,10 +10,10 @@ from dataclasses import replace
 from tqdm import tqdm
 
 from minedraft.cli.options import add_model_flags, add_sampling_flags, sampling_from_args
+from minedraft.core.errors import InvalidRequestError
+from minedraft.core.request import Request
 from minedraft.engine.engine import EngineConfig, LLMEngine
-from minedraft.engine.errors import InvalidRequestError
 from minedraft.engine.loader import parse_dtype
-from minedraft.engine.request import Request
 
 
 def register(sub: argparse._SubParsersAction) -> None:

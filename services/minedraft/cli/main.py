@@ -7,8 +7,8 @@ import sys
 
 from minedraft.batch_manager import main as batch_manager
 from minedraft.cli import bench, bench_psd, generate, serve
+from minedraft.core.errors import MinedraftError
 from minedraft.draft_service import main as draft_service
-from minedraft.engine.errors import MinedraftError
 from minedraft.verifier import main as verifier
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
-from minedraft.engine.sampling import SamplingParams
+from minedraft.core.sampling_params import SamplingParams
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:

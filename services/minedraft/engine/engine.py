@@ -15,14 +15,14 @@ from pathlib import Path
 
 import torch
 
+from minedraft.core.errors import InvalidRequestError, ModelLoadError
+from minedraft.core.request import FINISH_ABORT, Request
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.tokenizer import Tokenizer
+from minedraft.core.validation import validate_k, validate_request
 from minedraft.engine.drafter import DraftWorker
-from minedraft.engine.errors import InvalidRequestError, ModelLoadError
 from minedraft.engine.loader import load_model
-from minedraft.engine.request import FINISH_ABORT, Request
 from minedraft.engine.runner import ModelRunner
-from minedraft.engine.sampling import SamplingParams
-from minedraft.engine.tokenizer import Tokenizer
-from minedraft.engine.validation import validate_k, validate_request
 from minedraft.engine.verifier import TargetWorker
 
 MODES = ("ar", "sd")

@@ -12,8 +12,8 @@ from collections import deque
 
 import torch
 
+from minedraft.core.errors import OutOfBlocksError
 from minedraft.engine.config import ModelConfig
-from minedraft.engine.errors import OutOfBlocksError
 
 
 class BlockAllocator:

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from minedraft.core.errors import ModelLoadError
 from minedraft.engine.config import ModelConfig, load_model_config
-from minedraft.engine.errors import ModelLoadError
 from minedraft.engine.model import CausalLM
 from minedraft.engine.synthetic import build_synthetic, is_synthetic
 from minedraft.engine.tensor_parallel import TPContext, local_config, read_shard

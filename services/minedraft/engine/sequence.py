@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minedraft.engine.sampling import SamplingParams
+from minedraft.core.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

@@ -20,8 +20,8 @@ from dataclasses import replace
 
 import torch
 
+from minedraft.core.errors import ModelLoadError
 from minedraft.engine.config import ModelConfig, RopeConfig
-from minedraft.engine.errors import ModelLoadError
 from minedraft.engine.model import CausalLM
 from minedraft.engine.tensor_parallel import TPContext, local_config, take_shard
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from minedraft.core.errors import ModelLoadError
 from minedraft.engine.config import ModelConfig
-from minedraft.engine.errors import ModelLoadError
 
 # Checkpoint tensor name suffix -> dimension it is split along (0: output rows, 1: input columns).
 COLUMN_PARALLEL = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.runner import ModelRunner
-from minedraft.engine.sampling import BatchSampling, SamplingParams
+from minedraft.engine.sampling import BatchSampling
 from minedraft.engine.sequence import SeqState
 
 

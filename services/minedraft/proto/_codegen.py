@@ -105,3 +105,17 @@ def _atomic_write(path: Path, text: str) -> Path:
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
     return path
+
+
+def main() -> int:
+    """Regenerate the stubs of an editable checkout when they are stale (bin/_venv.sh runs this)."""
+    repo = Path(__file__).resolve().parents[3]
+    source = repo / "proto" / PROTO_PACKAGE
+    out_dir = Path(__file__).resolve().parent
+    if proto_files(source) and not is_fresh(source, out_dir):
+        generate(source, out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from minedraft.engine.errors import MinedraftError
+from minedraft.core.errors import MinedraftError
 from minedraft.engine.transfer import to_device
 
 VERIFIER_RANK = 0

@@ -6,14 +6,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from minedraft.engine.sampling import SamplingParams
+from minedraft.core.codec import sampling_from_spec
 from minedraft.engine.worker import Worker
 from minedraft.proto import control_pb2
-
-
-def sampling_from_spec(spec: control_pb2.SeqSpec) -> SamplingParams:
-    s = spec.sampling
-    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed)
 
 
 def apply_membership(worker: Worker, plan: control_pb2.StepPlan) -> None:

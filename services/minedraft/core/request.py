@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from minedraft.engine.sampling import SamplingParams
+from minedraft.core.sampling_params import SamplingParams
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from minedraft.engine.errors import InvalidRequestError
-from minedraft.engine.sampling import SamplingParams
+from minedraft.core.errors import InvalidRequestError
+from minedraft.core.sampling_params import SamplingParams
 
 
 def validate_request(prompt_ids: list[int], params: SamplingParams, max_context: int, vocab_size: int) -> None:

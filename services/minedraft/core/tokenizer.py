@@ -9,7 +9,7 @@ from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from minedraft.engine.errors import ModelLoadError
+from minedraft.core.errors import ModelLoadError
 
 
 class Tokenizer:
