@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from minedraft.core.detokenizer import IncrementalDetokenizer
 from minedraft.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from minedraft.core.tokenizer import Tokenizer
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -53,6 +57,7 @@ class Request:
     stats: RequestStats = field(default_factory=RequestStats)
     _sent_text: int = 0
     _sent_tokens: int = 0
+    _detok: IncrementalDetokenizer | None = None
 
     @property
     def finished(self) -> bool:
@@ -67,15 +72,18 @@ class Request:
             self.finish_reason = reason
             self.stats.finished = time.perf_counter()
 
-    def append_tokens(
-        self, new_tokens: list[int], eos_ids: frozenset[int], decode: Callable[[list[int]], str]
-    ) -> int:
+    def append_tokens(self, new_tokens: list[int], eos_ids: frozenset[int], tokenizer: Tokenizer) -> int:
         """Append verified tokens up to the first stop condition; returns how many were kept."""
         if self.finished:
             return 0
+        if self._detok is None:
+            self._detok = IncrementalDetokenizer(tokenizer)
+        previous = len(self.text)
+        pieces = []
         kept = 0
         for token in new_tokens:
             self.output_ids.append(token)
+            pieces.append(self._detok.step(token))
             kept += 1
             if (not self.params.ignore_eos and token in eos_ids) or token in self.params.stop_token_ids:
                 self.finish(FINISH_STOP)
@@ -83,12 +91,14 @@ class Request:
                 self.finish(FINISH_LENGTH)
             if self.finished:
                 break
-        self._update_text(decode)
+        self.text += "".join(pieces)
+        if self.finished:
+            self.text += self._detok.finish(self.output_ids, self.text)
+        self._apply_stop_strings(previous)
         return kept
 
-    def _update_text(self, decode: Callable[[list[int]], str]) -> None:
-        previous = len(self.text)
-        self.text = decode(self.output_ids)
+    def _apply_stop_strings(self, previous: int) -> None:
+        """Cut the text at the first stop string; only text new since `previous` can complete one."""
         if not self.params.stop:
             return
         longest = max(len(s) for s in self.params.stop)
@@ -99,10 +109,16 @@ class Request:
             self.finish(FINISH_STOP)
 
     def take_delta(self) -> tuple[str, list[int]]:
-        """Text and token ids not yet handed to the client (holds back a split UTF-8 char)."""
+        """Text and token ids not yet handed to the client.
+
+        While running, the last len(longest stop string) - 1 characters are held back: they
+        could be the start of a stop string, and text once sent cannot be taken back.
+        """
         text_end = len(self.text)
-        if not self.finished and self.text.endswith("\ufffd"):
+        if not self.finished:
             text_end = len(self.text.rstrip("\ufffd"))
+            if self.params.stop:
+                text_end -= max(len(s) for s in self.params.stop) - 1
         text_end = max(text_end, self._sent_text)
         delta_text = self.text[self._sent_text : text_end]
         delta_tokens = self.output_ids[self._sent_tokens :]

@@ -37,6 +37,11 @@ class Tokenizer:
         return self._tok.token_to_id(token)
 
     @property
+    def backend(self) -> HFTokenizer:
+        """The `tokenizers` object, for incremental decoding (core/detokenizer.py)."""
+        return self._tok
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 

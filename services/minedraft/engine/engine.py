@@ -192,7 +192,7 @@ class LLMEngine:
             req.stats.steps += 1
             req.stats.drafted += self.k
             req.stats.accepted += accepted
-            req.append_tokens(new_tokens, self.eos_ids, self.tokenizer.decode)
+            req.append_tokens(new_tokens, self.eos_ids, self.tokenizer)
             if req.finished:
                 self._retire(req)
         return batch
