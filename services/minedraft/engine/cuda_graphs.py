@@ -8,13 +8,13 @@ buffer so the next replay cannot overwrite what a caller still holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from minedraft.engine.runner import ModelRunner
+# What a graph captures: (ids, starts, query_lens, tables, last_n) -> logits, device tensors only.
+StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 MAX_GRAPH_WIDTH = 16
@@ -34,10 +34,16 @@ def split_meta(meta: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Ten
 
 
 class GraphCache:
-    """Captured steps of one runner, keyed by (bucket, width, last_n)."""
+    """Captured steps of one model step function, keyed by (bucket, width, last_n).
 
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
+    It gets the step function and the shapes it needs rather than the runner, so the runner
+    owns a cache without the two modules importing each other.
+    """
+
+    def __init__(self, step_fn: StepFn, device: torch.device, max_blocks_per_seq: int) -> None:
+        self.step_fn = step_fn
+        self.device = device
+        self.max_blocks_per_seq = max_blocks_per_seq
         self.steps: dict[tuple[int, int, int], CapturedStep] = {}
         self.pool: tuple | None = None
 
@@ -50,7 +56,7 @@ class GraphCache:
             self.bucket(batch) is not None
             and width <= MAX_GRAPH_WIDTH
             and last_n <= width
-            and table_width <= self.runner.max_blocks_per_seq
+            and table_width <= self.max_blocks_per_seq
         )
 
     def replay(
@@ -68,7 +74,7 @@ class GraphCache:
         key = (bucket, width, last_n)
         step = self.steps.get(key) or self._capture(key)
         # Rows past the batch read no table entries, so only the tables of real rows travel.
-        host = torch.zeros(2 * bucket + batch * self.runner.max_blocks_per_seq, dtype=torch.long, pin_memory=True)
+        host = torch.zeros(2 * bucket + batch * self.max_blocks_per_seq, dtype=torch.long, pin_memory=True)
         host[:batch] = torch.tensor(starts, dtype=torch.long)
         host[bucket : bucket + batch] = torch.tensor(query_lens, dtype=torch.long)
         host[2 * bucket :].view(batch, -1)[:, : tables.shape[1]] = tables
@@ -79,19 +85,19 @@ class GraphCache:
 
     def _capture(self, key: tuple[int, int, int]) -> CapturedStep:
         bucket, width, last_n = key
-        device = self.runner.device
+        device = self.device
         ids = torch.zeros((bucket, width), dtype=torch.long, device=device)
-        meta = torch.zeros(bucket * (2 + self.runner.max_blocks_per_seq), dtype=torch.long, device=device)
+        meta = torch.zeros(bucket * (2 + self.max_blocks_per_seq), dtype=torch.long, device=device)
         starts, lens, tables = split_meta(meta, bucket)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up: Triton compiles and autotunes outside the capture
-                self.runner.run(ids, starts, lens, tables, last_n)
+                self.step_fn(ids, starts, lens, tables, last_n)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self.runner.run(ids, starts, lens, tables, last_n)
+            logits = self.step_fn(ids, starts, lens, tables, last_n)
         self.pool = graph.pool()
         step = CapturedStep(graph, ids, meta, logits)
         self.steps[key] = step

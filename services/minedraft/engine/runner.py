@@ -48,7 +48,8 @@ class ModelRunner:
         self.cache = KVCache(model.config, num_blocks, block_size, self.device, dtype)
         self.backend = attention_backend(self.device)
         self.max_blocks_per_seq = -(-(self.config.max_position_embeddings + 64) // block_size)
-        self.graphs = GraphCache(self) if cuda_graphs and self.backend == "triton" else None
+        use_graphs = cuda_graphs and self.backend == "triton"
+        self.graphs = GraphCache(self.run, self.device, self.max_blocks_per_seq) if use_graphs else None
 
     @property
     def allocator(self) -> BlockAllocator:
