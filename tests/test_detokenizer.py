@@ -79,7 +79,7 @@ def test_a_character_split_across_steps_is_held_back_until_complete(tokenizer: T
 def test_streaming_does_not_redecode_the_output(tokenizer: Tokenizer) -> None:
     counting = CountingTokenizer(TINY_TARGET)
     ids = tokenizer.encode(" ".join(TEXTS) * 4, add_special_tokens=False)
-    req, received = stream(counting, ids, 1)
+    _, received = stream(counting, ids, 1)
     assert received == tokenizer.decode(ids)
     assert counting.full_decodes <= 1  # at most the end-of-request flush, never once per step
 

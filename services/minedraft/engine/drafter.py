@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from minedraft.engine.sampling import STREAM_DRAFT, sample_tokens
-from minedraft.engine.worker import Worker
+from minedraft.engine.sequence_host import SequenceHost
 
 
 @dataclass(slots=True)
@@ -18,7 +18,7 @@ class Proposal:
     probs: torch.Tensor | None  # [B, k, V]; None when the whole batch is greedy
 
 
-class DraftWorker(Worker):
+class Drafter(SequenceHost):
     """Owns the draft model's KV; rolls it back to the accepted prefix after each verdict."""
 
     def propose(self, seq_ids: list[int], k: int) -> Proposal:

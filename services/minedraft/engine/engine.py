@@ -20,10 +20,10 @@ from minedraft.core.request import FINISH_ABORT, Request
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.core.validation import validate_k, validate_request
-from minedraft.engine.drafter import DraftWorker
+from minedraft.engine.drafter import Drafter
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
-from minedraft.engine.verifier import TargetWorker
+from minedraft.engine.verifier import Verifier
 
 MODES = ("ar", "sd")
 
@@ -49,7 +49,7 @@ class EngineConfig:
             raise InvalidRequestError("max_num_seqs must be >= 1")
 
 
-def check_pair(target: TargetWorker, draft: DraftWorker | None) -> None:
+def check_pair(target: Verifier, draft: Drafter | None) -> None:
     """A draft is only usable when it speaks the target's vocabulary."""
     if draft is not None and draft.vocab_size != target.vocab_size:
         raise ModelLoadError(
@@ -58,7 +58,7 @@ def check_pair(target: TargetWorker, draft: DraftWorker | None) -> None:
         )
 
 
-def max_context(target: TargetWorker, draft: DraftWorker | None) -> int:
+def max_context(target: Verifier, draft: Drafter | None) -> int:
     limits = [target.runner.config.max_position_embeddings]
     if draft is not None:
         limits.append(draft.runner.config.max_position_embeddings)
@@ -70,8 +70,8 @@ class LLMEngine:
 
     def __init__(
         self,
-        target: TargetWorker,
-        draft: DraftWorker | None,
+        target: Verifier,
+        draft: Drafter | None,
         tokenizer: Tokenizer,
         config: EngineConfig,
     ) -> None:
@@ -105,8 +105,8 @@ class LLMEngine:
         if config.mode == "sd":
             if draft_dir is None:
                 raise InvalidRequestError("mode 'sd' needs a draft model folder")
-            draft = DraftWorker(runner(draft_dir))
-        target = TargetWorker(runner(target_dir))
+            draft = Drafter(runner(draft_dir))
+        target = Verifier(runner(target_dir))
         return cls(target, draft, Tokenizer(target_dir), config)
 
     @property
@@ -139,7 +139,7 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _workers(self) -> list[TargetWorker | DraftWorker]:
+    def _workers(self) -> list[Verifier | Drafter]:
         return [self.target] if self.draft is None else [self.target, self.draft]
 
     def _fits(self, reqs: list[Request]) -> bool:

@@ -7,10 +7,10 @@ import torch
 from minedraft.engine.drafter import Proposal
 from minedraft.engine.rejection import Verdict, verify_drafts
 from minedraft.engine.sampling import processed_probs
-from minedraft.engine.worker import Worker
+from minedraft.engine.sequence_host import SequenceHost
 
 
-class TargetWorker(Worker):
+class Verifier(SequenceHost):
     """Owns the target model's KV and the rejection sampler.
 
     With k = 0 drafts the same step is plain autoregressive decoding (and prefill).

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from minedraft.core.codec import sampling_from_spec
-from minedraft.engine.worker import Worker
+from minedraft.engine.sequence_host import SequenceHost
 from minedraft.proto import control_pb2
 
 
-def apply_membership(worker: Worker, plan: control_pb2.StepPlan) -> None:
+def apply_membership(worker: SequenceHost, plan: control_pb2.StepPlan) -> None:
     """Removals free KV at once; additions are computed lazily on their first step."""
     for seq_id in plan.remove:
         worker.remove(seq_id)
@@ -20,7 +20,7 @@ def apply_membership(worker: Worker, plan: control_pb2.StepPlan) -> None:
         worker.add(spec.seq_id, list(spec.tokens), sampling_from_spec(spec))
 
 
-def forget_all(worker: Worker) -> None:
+def forget_all(worker: SequenceHost) -> None:
     for seq_id in list(worker.seqs):
         worker.remove(seq_id)
 
@@ -34,7 +34,7 @@ def timed(timing: control_pb2.StepTiming, field: str) -> Iterator[None]:
         setattr(timing, field, getattr(timing, field) + (time.perf_counter() - start) * 1000.0)
 
 
-def worker_info(worker: Worker, role: str, last_step: int, **extra: object) -> control_pb2.WorkerInfo:
+def worker_info(worker: SequenceHost, role: str, last_step: int, **extra: object) -> control_pb2.WorkerInfo:
     alloc = worker.runner.allocator
     return control_pb2.WorkerInfo(
         role=role,

@@ -13,8 +13,8 @@ def env(name: str, default: str) -> str:
 
 
 def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
-    model_default = str(TINY_TARGET if role == "target" else TINY_DRAFT)
-    port_default = "50061" if role == "target" else "50062"
+    model_default = str(TINY_TARGET if role == "verifier" else TINY_DRAFT)
+    port_default = "50061" if role == "verifier" else "50062"
     parser.add_argument("--model", default=env("MODEL", model_default), help="HF model folder [MINEDRAFT_MODEL]")
     parser.add_argument("--host", default=env("HOST", "127.0.0.1"), help="bind address [MINEDRAFT_HOST]")
     parser.add_argument("--port", type=int, default=int(env("PORT", port_default)),
@@ -29,9 +29,9 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                         help="torch CPU threads, 0 = torch default [MINEDRAFT_THREADS]")
     parser.add_argument("--cpu", default=env("CPU", ""),
                         help="pin this process to these CPU cores, e.g. 0 or 0-3 [MINEDRAFT_CPU]")
-    if role == "target":
+    if role == "verifier":
         parser.add_argument("--tp-size", type=int, default=int(env("TP_SIZE", "1")),
-                            help="tensor-parallel ranks of the target [MINEDRAFT_TP_SIZE]")
+                            help="tensor-parallel ranks of the verifier [MINEDRAFT_TP_SIZE]")
         parser.add_argument("--tp-rank", type=int, default=int(env("TP_RANK", "0")),
                             help="this process's rank; rank 0 serves the control plane [MINEDRAFT_TP_RANK]")
         parser.add_argument("--tp-addr", default=env("TP_ADDR", "127.0.0.1:29650"),

@@ -1,4 +1,4 @@
-"""Membership bookkeeping shared by the draft and target workers."""
+"""A model runner plus the sequences it holds KV for: what the drafter and the verifier share."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from minedraft.engine.sampling import BatchSampling
 from minedraft.engine.sequence import SeqState
 
 
-class Worker:
+class SequenceHost:
     """A model runner plus the sequences it currently holds KV for."""
 
     def __init__(self, runner: ModelRunner) -> None:
