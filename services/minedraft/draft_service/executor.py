@@ -8,10 +8,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from minedraft.engine.drafter import DraftWorker
+from minedraft.engine.drafter import Drafter
 from minedraft.proto import control_pb2
 from minedraft.worker.data_plane import DRAFT_RANK, DataPlane, DataPlaneError, DraftPayload, PlaneOwner, setup_timeout_s
-from minedraft.worker.plan import apply_membership, forget_all, timed, worker_info
+from minedraft.worker.info import worker_info
+from minedraft.worker.membership import apply_membership, forget_all
+from minedraft.worker.step_timing import timed
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +28,7 @@ def wait_for_device(tensor: torch.Tensor) -> None:
 class DraftExecutor(PlaneOwner):
     role = "draft"
 
-    def __init__(self, worker: DraftWorker) -> None:
+    def __init__(self, worker: Drafter) -> None:
         self.worker = worker
         self.device = worker.runner.device
         self.plane: DataPlane | None = None

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from minedraft.engine.drafter import Proposal
 from minedraft.engine.transfer import to_device
-from minedraft.engine.verifier import TargetWorker
+from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
 from minedraft.worker.data_plane import (
     VERIFIER_RANK,
@@ -20,7 +20,9 @@ from minedraft.worker.data_plane import (
     VerdictPayload,
     setup_timeout_s,
 )
-from minedraft.worker.plan import apply_membership, forget_all, timed, worker_info
+from minedraft.worker.info import worker_info
+from minedraft.worker.membership import apply_membership, forget_all
+from minedraft.worker.step_timing import timed
 from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, KIND_STOP, StepBroadcast
 
 log = logging.getLogger(__name__)
@@ -39,11 +41,11 @@ def align_drafts(payload: DraftPayload, seq_ids: list[int]) -> Proposal:
     return Proposal(payload.tokens[rows], probs)
 
 
-def verify_ids(worker: TargetWorker, plan: control_pb2.StepPlan) -> list[int]:
+def verify_ids(worker: Verifier, plan: control_pb2.StepPlan) -> list[int]:
     return [s for s in plan.verify_batch if s in worker.seqs]
 
 
-def follow(worker: TargetWorker, channel: StepBroadcast) -> None:
+def follow(worker: Verifier, channel: StepBroadcast) -> None:
     """A tensor-parallel rank > 0: run every step rank 0 announces, until told to stop."""
     while True:
         msg = channel.receive()
@@ -60,11 +62,11 @@ def follow(worker: TargetWorker, channel: StepBroadcast) -> None:
 
 
 class VerifierExecutor(PlaneOwner):
-    role = "target"
+    role = "verifier"
 
     def __init__(
         self,
-        worker: TargetWorker,
+        worker: Verifier,
         store: dist.Store,
         store_host: str,
         store_port: int,
