@@ -1,0 +1,1 @@
+"""minedraft's Kubernetes operator: MineDraftDeployment and SpeculationPolicy custom resources."""
