@@ -23,7 +23,7 @@ from minedraft.batch_manager.http_api import build_http_app
 from minedraft.batch_manager.openai_models import ChatMessage
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
-from minedraft.engine.engine import LLMEngine
+from minedraft.engine.llm_engine import LLMEngine
 from tests.conftest import engine_from_folders, wait_until
 
 MODEL = "random"
