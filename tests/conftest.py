@@ -13,13 +13,13 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from minedraft.cli.stack import LocalStack
+from minedraft.cli.local_stack import LocalStack
 from minedraft.core.tokenizer import Tokenizer as EngineTokenizer
-from minedraft.engine.drafter import DraftWorker
-from minedraft.engine.engine import EngineConfig, LLMEngine
+from minedraft.engine.drafter import Drafter
+from minedraft.engine.llm_engine import EngineConfig, LLMEngine
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
-from minedraft.engine.verifier import TargetWorker
+from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2, control_pb2_grpc, generation_pb2, generation_pb2_grpc
 
 ARCH_CONFIGS = {
@@ -94,8 +94,8 @@ def engine_from_folders(target: Path, draft: Path | None, mode: str, k: int = 3,
 
 
 def workers_for(target: Path, draft: Path, num_blocks: int = 256, block_size: int = 4):
-    t = TargetWorker(ModelRunner(load_model(target), num_blocks, block_size))
-    d = DraftWorker(ModelRunner(load_model(draft), num_blocks, block_size))
+    t = Verifier(ModelRunner(load_model(target), num_blocks, block_size))
+    d = Drafter(ModelRunner(load_model(draft), num_blocks, block_size))
     return t, d, EngineTokenizer(target)
 
 

@@ -15,13 +15,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from minedraft.batch_manager.engine_backend import EngineBackend, all_kv_free
 from minedraft.batch_manager.grpc_api import SERVICE_NAME, GrpcServer, build_grpc_server
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.proto import _codegen
 from minedraft.proto import generation_pb2 as pb
 from minedraft.proto import generation_pb2_grpc as pb_grpc
 from tests.conftest import engine_from_folders, wait_until
+from tests.engine_backend import EngineBackend, all_kv_free
 
 T = TypeVar("T")
 PROMPTS = ["w5 w9 w13", [7, 7, 7, 7, 7, 7], [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], "w42"]
@@ -55,21 +55,20 @@ class Served:
 def served(random_pair: tuple[Path, Path]) -> Iterator[Served]:
     target, draft = random_pair
     engine = engine_from_folders(target, draft, "sd", k=3, block_size=4, num_blocks=256, max_num_seqs=2)
-    backend = EngineBackend(engine, model_name="random", max_queue=1)
-    loop = LoopThread()
+    with EngineBackend(engine, model_name="random", max_queue=1) as backend:
+        loop = LoopThread()
 
-    async def start() -> GrpcServer:
-        server = build_grpc_server(backend, "127.0.0.1", 0)
-        await server.start()
-        return server
+        async def start() -> GrpcServer:
+            server = build_grpc_server(backend, "127.0.0.1", 0)
+            await server.start()
+            return server
 
-    server = loop.run(start())
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-    yield Served(backend, channel, pb_grpc.GenerationStub(channel))
-    channel.close()
-    loop.run(server.stop(None))
-    loop.stop()
-    backend.close()
+        server = loop.run(start())
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+        yield Served(backend, channel, pb_grpc.GenerationStub(channel))
+        channel.close()
+        loop.run(server.stop(None))
+        loop.stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import grpc
 import httpx
 import pytest
 
-from minedraft.cli.stack import LocalStack, StackConfig, free_port
+from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.proto import generation_pb2, generation_pb2_grpc
 from tests.conftest import engine_from_folders, grpc_stream, wait_until, worker_info

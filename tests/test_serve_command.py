@@ -13,7 +13,7 @@ import openai
 import psutil
 import pytest
 
-from minedraft.cli.stack import free_port
+from minedraft.cli.local_stack import free_port
 
 
 def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:

@@ -12,11 +12,11 @@ import torch.multiprocessing as mp
 from minedraft.core.errors import ModelLoadError
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
-from minedraft.engine.engine import EngineConfig, LLMEngine
+from minedraft.engine.llm_engine import EngineConfig, LLMEngine
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.tensor_parallel import TPContext
-from minedraft.engine.verifier import TargetWorker
+from minedraft.engine.verifier import Verifier
 from tests.conftest import grpc_stream, make_hf_model, worker_info
 
 PROMPTS = [[5, 9, 13, 2, 7], [3] * 9, [11, 12]]
@@ -26,7 +26,7 @@ IDS = [4, 8, 15, 16, 23, 42, 7, 1, 9, 30, 31]
 def run_model(model_dir: Path, tp: TPContext) -> tuple[torch.Tensor, list[list[int]], int]:
     model = load_model(model_dir, "cpu", torch.float32, tp=tp)
     logits = ModelRunner(model, 64, 4).forward([0], [IDS], [0], last_n=len(IDS))
-    engine = LLMEngine(TargetWorker(ModelRunner(model, 128, 4)), None, Tokenizer(model_dir), EngineConfig(mode="ar"))
+    engine = LLMEngine(Verifier(ModelRunner(model, 128, 4)), None, Tokenizer(model_dir), EngineConfig(mode="ar"))
     reqs = engine.generate(PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))
     return logits, [r.output_ids for r in reqs], model.config.num_kv_heads
 
@@ -65,7 +65,7 @@ def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path) -> N
     """Verifier rank 0 drives rank 1 step by step; greedy PSD output is still exactly AR."""
     import asyncio
 
-    from minedraft.cli.stack import LocalStack, StackConfig, free_port
+    from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
 
     make_hf_model(tmp_path / "target", "qwen2", seed=21)
     make_hf_model(tmp_path / "draft", "qwen2", seed=22, num_hidden_layers=1)

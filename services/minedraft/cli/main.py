@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from minedraft.batch_manager import main as batch_manager
-from minedraft.cli import bench, bench_psd, generate, serve
+from minedraft.bench import commands as bench
+from minedraft.cli import generate, serve
 from minedraft.core.errors import MinedraftError
 from minedraft.draft_service import main as draft_service
 from minedraft.verifier import main as verifier
@@ -15,7 +16,7 @@ from minedraft.verifier import main as verifier
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="minedraft", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (serve, generate, bench, bench_psd, verifier, draft_service, batch_manager):
+    for module in (serve, generate, bench, verifier, draft_service, batch_manager):
         module.register(sub)
     return parser
 

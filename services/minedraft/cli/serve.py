@@ -7,7 +7,7 @@ import signal
 import threading
 
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
-from minedraft.cli.stack import LocalStack, StackConfig
+from minedraft.cli.local_stack import LocalStack, StackConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 
 from minedraft.draft_service.executor import DraftExecutor
-from minedraft.engine.drafter import DraftWorker
+from minedraft.engine.drafter import Drafter
+from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
-from minedraft.worker.process import prepare_process, run_worker
+from minedraft.worker.process import ModelLoader, prepare_process, run_worker
 from minedraft.worker.settings import add_worker_flags
 
 
@@ -17,9 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, load: ModelLoader = load_model) -> int:
     def make_executor(runner: ModelRunner) -> DraftExecutor:
-        return DraftExecutor(DraftWorker(runner))
+        return DraftExecutor(Drafter(runner))
 
     prepare_process(args, "draft service")
-    return run_worker(args, "draft service", make_executor)
+    return run_worker(args, "draft service", make_executor, load=load)

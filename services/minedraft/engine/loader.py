@@ -11,7 +11,6 @@ from safetensors import safe_open
 from minedraft.core.errors import ModelLoadError
 from minedraft.engine.config import ModelConfig, load_model_config
 from minedraft.engine.model import CausalLM
-from minedraft.engine.synthetic import build_synthetic, is_synthetic
 from minedraft.engine.tensor_parallel import TPContext, local_config, read_shard
 
 DTYPES: dict[str, torch.dtype] = {
@@ -89,13 +88,8 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     tp: TPContext | None = None,
 ) -> CausalLM:
-    """Build the model a folder describes and fill it with the folder's weights.
-
-    A `synthetic:...` spec instead builds a benchmark pair member (see engine/synthetic.py).
-    """
+    """Build the model a folder describes and fill it with the folder's weights."""
     tp = tp or TPContext()
-    if is_synthetic(str(folder)):
-        return build_synthetic(str(folder), device, dtype, tp=tp)
     path = Path(folder)
     if not path.is_dir():
         raise ModelLoadError(f"model folder {folder} does not exist")

@@ -7,22 +7,23 @@ import logging
 
 import torch
 
+from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
-from minedraft.engine.verifier import TargetWorker
+from minedraft.engine.verifier import Verifier
 from minedraft.verifier.executor import VerifierExecutor, follow
 from minedraft.worker.data_plane import host_store
-from minedraft.worker.process import load_runner, prepare_process, run_worker
+from minedraft.worker.process import ModelLoader, load_runner, prepare_process, run_worker
 from minedraft.worker.settings import add_worker_flags
 from minedraft.worker.tp_group import KIND_STOP, StepBroadcast, join_tp_group
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verifier", help="run the target verifier service (one process per TP rank)")
-    add_worker_flags(p, "target")
+    add_worker_flags(p, "verifier")
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, load: ModelLoader = load_model) -> int:
     prepare_process(args, "verifier" if args.tp_rank == 0 else f"verifier-tp{args.tp_rank}")
     tp = None
     channel = None
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         channel = StepBroadcast(tp, torch.device(args.device))
     if tp is not None and tp.rank > 0:
         assert channel is not None
-        worker = TargetWorker(load_runner(args, tp))
+        worker = Verifier(load_runner(args, tp, load))
         logging.info("tensor-parallel rank %d of %d following rank 0", tp.rank, tp.size)
         follow(worker, channel)
         return 0
@@ -40,10 +41,10 @@ def run(args: argparse.Namespace) -> int:
     def make_executor(runner: ModelRunner) -> VerifierExecutor:
         store = host_store(args.host, args.data_port)
         logging.info("data plane rendezvous store on %s:%d", args.host, store.port)
-        return VerifierExecutor(TargetWorker(runner), store, args.host, store.port, channel)
+        return VerifierExecutor(Verifier(runner), store, args.host, store.port, channel)
 
     try:
-        return run_worker(args, "verifier", make_executor, tp)
+        return run_worker(args, "verifier", make_executor, tp, load)
     finally:
         if channel is not None:
             channel.send(KIND_STOP)

@@ -7,6 +7,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -40,17 +41,24 @@ def prepare_process(args: argparse.Namespace, name: str) -> None:
     select_device(args.device)
 
 
-def load_runner(args: argparse.Namespace, tp: TPContext | None = None) -> ModelRunner:
-    model: CausalLM = load_model(args.model, args.device, parse_dtype(args.dtype), tp=tp)
+class ModelLoader(Protocol):
+    """Builds the model `--model` names. The product loads Hugging Face folders (`load_model`);
+    the GPU benchmark injects its synthetic pair (`minedraft.bench.synthetic_workers`)."""
+
+    def __call__(self, model: str, device: str, dtype: torch.dtype, /, *, tp: TPContext | None = None) -> CausalLM: ...
+
+
+def load_runner(args: argparse.Namespace, tp: TPContext | None = None, load: ModelLoader = load_model) -> ModelRunner:
+    model: CausalLM = load(args.model, args.device, parse_dtype(args.dtype), tp=tp)
     return ModelRunner(model, args.num_blocks, args.block_size, args.device)
 
 
 def run_worker(
     args: argparse.Namespace, name: str, make_executor: Callable[[ModelRunner], StepExecutor],
-    tp: TPContext | None = None,
+    tp: TPContext | None = None, load: ModelLoader = load_model,
 ) -> int:
     """Load the model, serve the control plane until a signal, then stop cleanly."""
-    executor = make_executor(load_runner(args, tp))
+    executor = make_executor(load_runner(args, tp, load))
     server, port = serve_worker(executor, args.host, args.port)
     logging.info("%s ready on %s:%d", name, args.host, port)
     wait_for_signal()

@@ -1,4 +1,4 @@
-"""Turn `scripts/bench_gpu.py`'s results.json into markdown tables and a PNG plot.
+"""Turn the GPU sweep's results.json into markdown tables and a PNG plot (`minedraft bench gpu-report`).
 
 Runs on the device at the end of the sweep (matplotlib is there) and anywhere else on a
 copied results.json (the plot is skipped where matplotlib is missing).
@@ -74,7 +74,7 @@ def plot(rows: list[dict], path: Path, k: int) -> bool:
     return True
 
 
-def report(results: dict, out_dir: Path) -> Path:
+def write_report(results: dict, out_dir: Path) -> Path:
     rows = results.get("inprocess", []) + results.get("services", [])
     lines = ["# GPU sweep results", ""]
     c = results.get("ceilings", {})
@@ -108,17 +108,14 @@ def report(results: dict, out_dir: Path) -> Path:
     return path
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("results", help="results.json from scripts/bench_gpu.py")
+def add_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results", help="results.json of `minedraft bench gpu`")
     p.add_argument("--out", help="folder for results.md and throughput.png (default: beside results.json)")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     src = Path(args.results)
     out = Path(args.out) if args.out else src.parent
     out.mkdir(parents=True, exist_ok=True)
-    print(report(json.loads(src.read_text()), out))
+    print(write_report(json.loads(src.read_text()), out))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -9,14 +9,17 @@ predictions away from the draft's, lowering acceptance. Every tensor is drawn fr
 own generator seeded by (seed, tensor name), so the draft service and the verifier build
 identical shared weights in separate processes without exchanging them.
 
-Spec strings (accepted wherever a model folder is): `synthetic:<shape>:<role>[:alpha=A][:draft_layers=L]`,
-e.g. `synthetic:llama3-8b:target:alpha=0.3`.
+A pair member is named by a spec string, `synthetic:<shape>:<role>[:alpha=A][:draft_layers=L]`
+(e.g. `synthetic:llama3-8b:target:alpha=0.3`), which the benchmark passes where a model folder
+would go; `load_synthetic` is the model loader the benchmark injects into the services
+(`minedraft.bench.synthetic_workers`). The product loader knows nothing of it.
 """
 
 from __future__ import annotations
 
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -40,19 +43,41 @@ SHAPES: dict[str, ModelConfig] = {
 }
 
 
-def parse_spec(spec: str) -> tuple[str, str, float, int]:
-    parts = spec.split(":")
-    if len(parts) < 3 or parts[0] != "synthetic" or parts[1] not in SHAPES or parts[2] not in ("target", "draft"):
-        raise ModelLoadError(
-            f"bad synthetic model spec {spec!r}; expected synthetic:<{'|'.join(SHAPES)}>:<target|draft>[:alpha=A]"
-            "[:draft_layers=L]"
-        )
-    options = dict(p.split("=", 1) for p in parts[3:])
-    return parts[1], parts[2], float(options.get("alpha", 0.3)), int(options.get("draft_layers", 2))
+ROLES = ("target", "draft")
 
 
-def is_synthetic(spec: str) -> bool:
-    return str(spec).startswith("synthetic:")
+@dataclass(frozen=True, slots=True)
+class SyntheticSpec:
+    """One member of a synthetic pair: its shape, its role and the pair's agreement knobs."""
+
+    shape: str
+    role: str
+    alpha: float = 0.3
+    draft_layers: int = 2
+
+    def __str__(self) -> str:
+        return f"synthetic:{self.shape}:{self.role}:alpha={self.alpha}:draft_layers={self.draft_layers}"
+
+    @classmethod
+    def parse(cls, text: str) -> SyntheticSpec:
+        parts = text.split(":")
+        if len(parts) < 3 or parts[0] != "synthetic" or parts[1] not in SHAPES or parts[2] not in ROLES:
+            raise ModelLoadError(
+                f"bad synthetic model spec {text!r}; expected synthetic:<{'|'.join(SHAPES)}>:<target|draft>"
+                "[:alpha=A][:draft_layers=L]"
+            )
+        try:
+            options = dict(p.split("=", 1) for p in parts[3:])
+            spec = cls(parts[1], parts[2], float(options.pop("alpha", 0.3)), int(options.pop("draft_layers", 2)))
+        except ValueError as exc:
+            raise ModelLoadError(f"bad synthetic model spec {text!r}: {exc}") from None
+        if options:
+            raise ModelLoadError(f"bad synthetic model spec {text!r}: unknown options {sorted(options)}")
+        return spec
+
+    def pair(self) -> tuple[SyntheticSpec, SyntheticSpec]:
+        """(target, draft) of the pair this member belongs to."""
+        return replace(self, role="target"), replace(self, role="draft")
 
 
 def _seeded_normal(shape: tuple[int, ...], name: str, seed: int, std: float, device, dtype) -> torch.Tensor:
@@ -72,17 +97,16 @@ def full_parameter_shapes(cfg: ModelConfig) -> list[tuple[str, torch.Size]]:
 
 
 def build_synthetic(
-    spec: str,
+    spec: SyntheticSpec,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     seed: int = 0,
     tp: TPContext | None = None,
 ) -> CausalLM:
     tp = tp or TPContext()
-    shape, role, alpha, draft_layers = parse_spec(spec)
-    full = SHAPES[shape]
-    if role == "draft":
-        full = replace(full, num_layers=draft_layers)
+    full = SHAPES[spec.shape]
+    if spec.role == "draft":
+        full = replace(full, num_layers=spec.draft_layers)
     cfg = local_config(full, tp)
     model = CausalLM.empty(cfg, tp.reducer(), device, dtype)
     hidden_std = cfg.hidden_size**-0.5
@@ -100,7 +124,18 @@ def build_synthetic(
             # so any tensor-parallel size reproduces the same model.
             value = take_shard(_seeded_normal(tuple(shape_full), name, seed, std, device, dtype), name, tp)
             layer = _layer_index(name)
-            if layer is not None and layer >= draft_layers and name.endswith(("o_proj.weight", "down_proj.weight")):
-                value = value * alpha
+            deep = layer is not None and layer >= spec.draft_layers
+            if deep and name.endswith(("o_proj.weight", "down_proj.weight")):
+                value = value * spec.alpha
             param.copy_(value)
     return model.fuse_projections().eval()
+
+
+def load_synthetic(
+    spec: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    tp: TPContext | None = None,
+) -> CausalLM:
+    """The services' model loader for synthetic specs (same call shape as `engine.loader.load_model`)."""
+    return build_synthetic(SyntheticSpec.parse(str(spec)), device, dtype, tp=tp)

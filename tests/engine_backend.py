@@ -1,9 +1,13 @@
 """GenerationBackend over the in-process LLMEngine, stepped by one background thread.
 
+Test support: it lets the gRPC and HTTP API tests run the real API layers over a real engine
+in one process (the product serves through the batch manager's coordinator instead).
+
 The engine is not thread-safe, so exactly one thread touches it: the step thread.
 Everything else talks to it through a FIFO command queue (submit, abort, wake), and
 it answers through per-request asyncio queues filled with `call_soon_threadsafe`.
-FIFO order is what makes an abort always land after its own submit.
+FIFO order is what makes an abort always land after its own submit. The thread runs
+between `start()` and `close()`; use the backend as a context manager.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from minedraft.batch_manager.backend import GenerationChunk, QueueFullError
 from minedraft.core.request import Request
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.validation import validate_request
-from minedraft.engine.engine import LLMEngine
+from minedraft.engine.llm_engine import LLMEngine
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,7 @@ class _Wake:
 
 
 class RequestStream(AsyncIterator[GenerationChunk]):
-    """Chunks of one request; `aclose()` (or garbage collection) before the end aborts it."""
+    """Chunks of one request; `aclose()` before the end aborts it (the API layers always close)."""
 
     def __init__(self, backend: EngineBackend, handle: _Handle) -> None:
         self._backend = backend
@@ -78,9 +82,6 @@ class RequestStream(AsyncIterator[GenerationChunk]):
             self._finished = True
             self._backend._commands.put(_Abort(self._handle))
 
-    def __del__(self) -> None:
-        self.close()
-
 
 class EngineBackend:
     """Serves an LLMEngine (ar or sd mode) to the async API layers.
@@ -105,8 +106,21 @@ class EngineBackend:
         self._paused = threading.Event()
         self._stopping = threading.Event()
         self._snapshot = self._engine_snapshot()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> EngineBackend:
+        """Start the step thread; requests are refused before this and after `close()`."""
+        if self._thread is not None:
+            raise RuntimeError("the engine backend was already started")
         self._thread = threading.Thread(target=self._run, name="minedraft-engine", daemon=True)
         self._thread.start()
+        return self
+
+    def __enter__(self) -> EngineBackend:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # ----- API side (event loop threads) -----
 
@@ -152,14 +166,17 @@ class EngineBackend:
         self._commands.put(_Wake())
 
     def close(self, timeout: float = 10.0) -> None:
-        """Abort everything in flight and stop the step thread."""
+        """Fail everything in flight and stop the step thread; waits for it to end."""
         self._stopping.set()
         self._commands.put(_Wake())
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise RuntimeError(f"the engine step thread did not stop within {timeout} s")
 
     def _check_alive(self) -> None:
-        if self._stopping.is_set() or not self._thread.is_alive():
-            raise RuntimeError("the engine backend is closed")
+        if self._thread is None or self._stopping.is_set() or not self._thread.is_alive():
+            raise RuntimeError("the engine backend is not running (start() it, or it was closed)")
 
     # ----- step thread -----
 

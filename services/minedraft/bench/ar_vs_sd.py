@@ -1,51 +1,30 @@
-"""`minedraft bench`: AR vs standard SD with the in-process engine, side by side in one run."""
+"""AR vs standard SD with the in-process engine, side by side in one run (`minedraft bench`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
-import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from minedraft.bench.workload import code_prompts
 from minedraft.cli.options import add_model_flags
 from minedraft.core.sampling_params import SamplingParams
-from minedraft.core.tokenizer import Tokenizer
-from minedraft.engine.engine import EngineConfig, LLMEngine
+from minedraft.engine.llm_engine import EngineConfig, LLMEngine
 from minedraft.engine.loader import parse_dtype
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="compare AR and speculative decoding on CPU or GPU")
+def add_flags(p: argparse.ArgumentParser) -> None:
     add_model_flags(p)
     p.add_argument("--batch-sizes", default="1,4,16", help="comma-separated concurrent request counts")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3, help="alternating AR/SD rounds; medians are reported")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
     p.add_argument("--json-out", help="write the raw results here")
-    p.set_defaults(run=run)
-
-
-def benchmark_prompts_from_tokenizer(tokenizer: Tokenizer, count: int, tokens: int) -> list[list[int]]:
-    """Deterministic code prompts from standard-library modules (present on every machine)."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    names = ["json/decoder.py", "csv.py", "textwrap.py", "heapq.py", "bisect.py", "fractions.py",
-             "shlex.py", "string.py", "colorsys.py", "calendar.py", "difflib.py", "pprint.py"]
-    prompts: list[list[int]] = []
-    offset = 0
-    while len(prompts) < count:
-        for name in names:
-            ids = tokenizer.encode((stdlib / name).read_text(encoding="utf-8"))
-            start = 200 + offset * tokens
-            prompts.append(ids[start : start + tokens])
-            if len(prompts) == count:
-                break
-        offset += 1
-    return prompts
 
 
 @dataclass(slots=True)
@@ -75,6 +54,27 @@ def timed_run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> R
     )
 
 
+def measure(engines: dict[str, LLMEngine], size: int, max_tokens: int, repeats: int) -> dict[str, float]:
+    """One table row: `size` concurrent requests, AR and SD alternating `repeats` times."""
+    prompts = code_prompts(engines["ar"].tokenizer, size, 32)
+    timed_run(engines["sd"], prompts[:1], 8)  # warm-up
+    results: dict[str, list[RunResult]] = {"ar": [], "sd": []}
+    for _ in range(repeats):
+        for mode, engine in engines.items():
+            results[mode].append(timed_run(engine, prompts, max_tokens))
+    ar_tps = statistics.median(r.tokens_per_s for r in results["ar"])
+    sd_tps = statistics.median(r.tokens_per_s for r in results["sd"])
+    sd = results["sd"][0]
+    return {
+        "batch": size,
+        "ar_tokens_per_s": round(ar_tps, 1),
+        "sd_tokens_per_s": round(sd_tps, 1),
+        "sd_over_ar": round(sd_tps / ar_tps, 3),
+        "acceptance": round(sd.accepted / sd.drafted, 3),
+        "mean_accepted_length": round(sd.tokens / sd.steps, 3),
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -84,29 +84,10 @@ def run(args: argparse.Namespace) -> int:
         "ar": LLMEngine.from_folders(args.target, None, EngineConfig(mode="ar", **common)),
         "sd": LLMEngine.from_folders(args.target, args.draft, EngineConfig(mode="sd", k=args.k, **common)),
     }
-    rows = []
-    for size in sizes:
-        prompts = benchmark_prompts_from_tokenizer(engines["ar"].tokenizer, size, 32)
-        timed_run(engines["sd"], prompts[:1], 8)  # warm-up
-        results: dict[str, list[RunResult]] = {"ar": [], "sd": []}
-        for _ in range(args.repeats):
-            for mode, engine in engines.items():
-                results[mode].append(timed_run(engine, prompts, args.max_tokens))
-        ar_tps = statistics.median(r.tokens_per_s for r in results["ar"])
-        sd_tps = statistics.median(r.tokens_per_s for r in results["sd"])
-        sd = results["sd"][0]
-        rows.append({
-            "batch": size,
-            "ar_tokens_per_s": round(ar_tps, 1),
-            "sd_tokens_per_s": round(sd_tps, 1),
-            "sd_over_ar": round(sd_tps / ar_tps, 3),
-            "acceptance": round(sd.accepted / sd.drafted, 3),
-            "mean_accepted_length": round(sd.tokens / sd.steps, 3),
-        })
-    header = "| batch | AR tok/s | SD tok/s | SD/AR | acceptance | tokens/step |"
+    rows = [measure(engines, size, args.max_tokens, args.repeats) for size in sizes]
     print(f"k={args.k}, max_tokens={args.max_tokens}, device={args.device}, threads={torch.get_num_threads()}, "
           f"medians of {args.repeats} alternating rounds")
-    print(header)
+    print("| batch | AR tok/s | SD tok/s | SD/AR | acceptance | tokens/step |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['batch']} | {r['ar_tokens_per_s']} | {r['sd_tokens_per_s']} | {r['sd_over_ar']} | "

@@ -1,4 +1,4 @@
-"""`minedraft bench-psd`: standard SD vs batch-parallel SD through the real three services.
+"""Standard SD vs batch-parallel SD through the real three services (`minedraft bench psd`).
 
 Each configuration gets a fresh local stack (verifier and draft service pinned to their
 own core, one torch thread each) and the same greedy workload; configurations alternate
@@ -9,21 +9,16 @@ medians measured in this one run.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
+from minedraft.bench.client import fetch_status, run_workload, step_delta
+from minedraft.bench.workload import code_prompts
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
-from minedraft.cli.bench import benchmark_prompts_from_tokenizer
-from minedraft.cli.stack import LocalStack, StackConfig, free_port
+from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
 from minedraft.core.tokenizer import Tokenizer
-from minedraft.proto import generation_pb2, generation_pb2_grpc
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +28,7 @@ class Setup:
     concurrency: int
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench-psd", help="standard SD vs PSD through the three services")
+def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=str(TINY_TARGET))
     p.add_argument("--draft", default=str(TINY_DRAFT))
     p.add_argument("--k", type=int, default=4)
@@ -44,59 +38,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-cpu", default="0")
     p.add_argument("--draft-cpu", default="1")
     p.add_argument("--json-out", help="write raw results here")
-    p.set_defaults(run=run)
-
-
-def fetch_status(port: int) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-        return json.loads(r.read())
-
-
-def put_policy(port: int, **policy: object) -> dict:
-    """PUT /admin/policy on a local batch manager (it drains before answering)."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/admin/policy", json.dumps(policy).encode(),
-                                 {"Content-Type": "application/json"}, method="PUT")
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
-
-async def one_request(stub: generation_pb2_grpc.GenerationStub, prompt: list[int], max_tokens: int) -> list[int]:
-    """Unary greedy call: an offline batch, as the paper measures; no per-token streaming cost."""
-    request = generation_pb2.GenerateRequest(
-        token_ids=generation_pb2.TokenIds(ids=prompt),
-        sampling=generation_pb2.SamplingParameters(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
-    )
-    response = await stub.Generate(request, timeout=600)
-    return list(response.token_ids)
-
-
-async def generate_all(grpc_port: int, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
-    """Every prompt at once; returns the output ids and the wall time of the whole set."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
-        start = time.perf_counter()
-        outputs = await asyncio.gather(*(one_request(stub, p, max_tokens) for p in prompts))
-        return list(outputs), time.perf_counter() - start
-
-
-async def run_workload(grpc_port: int, prompts: list[list[int]], max_tokens: int) -> tuple[int, float]:
-    outputs, seconds = await generate_all(grpc_port, prompts, max_tokens)
-    return sum(len(o) for o in outputs), seconds
-
-
-def delta(after: dict, before: dict) -> dict[str, float]:
-    """Per-step anatomy and the speculation ratios of what ran between two /health snapshots."""
-    a, b = after["timing_totals"], before["timing_totals"]
-    steps = a.get("steps", 0) - b.get("steps", 0)
-    out = {key: (a.get(key, 0.0) - b.get(key, 0.0)) / max(steps, 1) for key in a if key != "steps"}
-    out["steps"] = steps
-    grew = {key: after[key] - before[key] for key in ("tokens_total", "drafted_total", "accepted_total",
-                                                         "seq_verifies_total")}
-    out["tokens"] = grew["tokens_total"]
-    out["acceptance"] = grew["accepted_total"] / grew["drafted_total"] if grew["drafted_total"] else 0.0
-    out["mean_accepted_length"] = (grew["tokens_total"] / grew["seq_verifies_total"]
-                                   if grew["seq_verifies_total"] else 0.0)
-    return out
 
 
 def measure(args: argparse.Namespace, setup: Setup, prompts: list[list[int]]) -> dict[str, float]:
@@ -106,10 +47,10 @@ def measure(args: argparse.Namespace, setup: Setup, prompts: list[list[int]]) ->
     stack = LocalStack(cfg)
     try:
         stack.start()
-        asyncio.run(run_workload(cfg.grpc_port, prompts[:2], 8))  # warm-up
+        run_workload(cfg.grpc_port, prompts[:2], 8)  # warm-up
         before = fetch_status(cfg.http_port)
-        tokens, seconds = asyncio.run(run_workload(cfg.grpc_port, prompts[: setup.concurrency], args.max_tokens))
-        result = delta(fetch_status(cfg.http_port), before)
+        tokens, seconds = run_workload(cfg.grpc_port, prompts[: setup.concurrency], args.max_tokens)
+        result = step_delta(fetch_status(cfg.http_port), before)
     finally:
         stack.stop()
     result.update(tokens_per_s=tokens / seconds, seconds=seconds, generated=tokens)
@@ -148,7 +89,7 @@ def summarize(setup: Setup, runs: list[dict[str, float]]) -> dict[str, float | s
 def run(args: argparse.Namespace) -> int:
     m = args.concurrency
     setups = [Setup(f"SD m={m}", "sd", m), Setup(f"PSD m/2+m/2={m}", "psd", m), Setup(f"PSD m+m={2 * m}", "psd", 2 * m)]
-    prompts = benchmark_prompts_from_tokenizer(Tokenizer(args.target), 2 * m, 32)
+    prompts = code_prompts(Tokenizer(args.target), 2 * m, 32)
     raw: dict[str, list[dict[str, float]]] = {s.name: [] for s in setups}
     for _ in range(args.rounds):
         for setup in setups:

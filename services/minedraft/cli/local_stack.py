@@ -1,4 +1,8 @@
-"""The three services as local processes: what `minedraft serve` and the tests start."""
+"""The three services as local processes: what `minedraft serve`, the benchmarks and the tests start.
+
+It lives beside the CLI because it runs the CLI: each service is a `python -m minedraft.cli.main
+<service> ...` child with the service's own flags.
+"""
 
 from __future__ import annotations
 
@@ -42,6 +46,9 @@ class StackConfig:
     target_cpu: str = ""
     draft_cpu: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Module run with `python -m` for the verifier and draft processes; the GPU benchmark swaps in
+    # minedraft.bench.synthetic_workers (same flags, a synthetic model loader).
+    worker_module: str = "minedraft.cli.main"
 
 
 class LocalStack:
@@ -53,14 +60,14 @@ class LocalStack:
         self.draft_port = free_port()
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], module: str = "minedraft.cli.main") -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.extra_env}
         log = None
         if self.cfg.log_dir is not None:
             self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
             log = open(self.cfg.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "minedraft.cli.main", *args], env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", module, *args], env=env, stdout=log, stderr=subprocess.STDOUT
             if log else None, start_new_session=True
         )
 
@@ -74,13 +81,14 @@ class LocalStack:
                 "verifier", "--model", c.target, "--host", "127.0.0.1", "--port", str(self.target_port),
                 "--device", device, "--threads", str(c.threads), "--num-blocks", str(c.num_blocks),
                 "--cpu", c.target_cpu, "--dtype", c.dtype, "--tp-size", str(c.tp_size), "--tp-rank", str(rank),
-                "--tp-addr", tp_addr])
+                "--tp-addr", tp_addr], c.worker_module)
 
     def start_draft(self) -> None:
         c = self.cfg
         self._spawn("draft", ["draft", "--model", c.draft, "--host", "127.0.0.1", "--port", str(self.draft_port),
                               "--device", c.draft_device, "--threads", str(c.threads),
-                              "--num-blocks", str(c.num_blocks), "--cpu", c.draft_cpu, "--dtype", c.dtype])
+                              "--num-blocks", str(c.num_blocks), "--cpu", c.draft_cpu, "--dtype", c.dtype],
+                    c.worker_module)
 
     def start_manager(self) -> None:
         c = self.cfg
