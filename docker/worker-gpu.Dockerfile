@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1
 # minedraft worker for NVIDIA GPUs (verifier and draft service): CUDA 13 runtime, torch 2.13 (CUDA 13 build).
 # Build from the repository root: docker build -f docker/worker-gpu.Dockerfile -t minedraft-worker-gpu .
+# Layout: /opt/minedraft/venv (the package), /opt/minedraft/models/{tiny-target,tiny-draft} (the bundled
+# pair, links into the package; MineDraftDeployment spec.images.bundledModelsDir points here).
 #
 # One deliberate exception to "no build tools in the final stage": the engine's Triton kernels
 # (paged attention, fused norm/rope/silu) make Triton compile a small C launcher with the
@@ -21,11 +23,13 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY proto ./proto
 COPY services ./services
-RUN python3 -m venv /opt/minedraft \
- && /opt/minedraft/bin/pip wheel --no-deps --wheel-dir /wheels . \
- && /opt/minedraft/bin/pip install "torch==${TORCH_VERSION}" \
- && /opt/minedraft/bin/pip install /wheels/minedraft-*.whl"[worker]" \
- && /opt/minedraft/bin/python -c "import torch, triton, minedraft.verifier.main; print(torch.__version__, torch.version.cuda)"
+RUN python3 -m venv /opt/minedraft/venv \
+ && /opt/minedraft/venv/bin/pip wheel --no-deps --wheel-dir /wheels . \
+ && /opt/minedraft/venv/bin/pip install "torch==${TORCH_VERSION}" \
+ && /opt/minedraft/venv/bin/pip install "$(echo /wheels/minedraft-*.whl)[worker]" \
+ && /opt/minedraft/venv/bin/python -c "import torch, triton, minedraft.verifier.main; print(torch.__version__, torch.version.cuda)" \
+ && mkdir /opt/minedraft/models \
+ && /opt/minedraft/venv/bin/python -c "import os, minedraft.bundled as b; [os.symlink(p, f'/opt/minedraft/models/{p.name}') for p in (b.TINY_TARGET, b.TINY_DRAFT)]"
 
 FROM ${CUDA_IMAGE}
 LABEL org.opencontainers.image.title="minedraft-worker-gpu" \
@@ -40,7 +44,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --uid 10001 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin minedraft
 COPY --from=build /opt/minedraft /opt/minedraft
-ENV PATH=/opt/minedraft/bin:$PATH PYTHONUNBUFFERED=1 HOME=/tmp TRITON_CACHE_DIR=/tmp/triton \
+ENV PATH=/opt/minedraft/venv/bin:$PATH PYTHONUNBUFFERED=1 HOME=/tmp TRITON_CACHE_DIR=/tmp/triton \
     MINEDRAFT_HOST=0.0.0.0 MINEDRAFT_DEVICE=cuda:0 MINEDRAFT_DTYPE=bfloat16 CUDA_DEVICE_ORDER=PCI_BUS_ID
 USER 10001:10001
 EXPOSE 50061 50062
