@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass, field
 
 from minedraft.core.errors import InvalidRequestError
+
+MIN_TEMPERATURE = 1e-5  # below this, logits / temperature can overflow float32; use 0 for greedy
 
 
 @dataclass(slots=True)
@@ -29,8 +32,15 @@ class SamplingParams:
         """Raise InvalidRequestError naming the first field that cannot be served."""
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise InvalidRequestError(f"{name} must be a finite number, got {value!r}")
         if self.temperature < 0:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise InvalidRequestError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got "
+                                      f"{self.temperature}: smaller values overflow the scaled logits")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
