@@ -7,6 +7,8 @@ Steps, each one a failure of its own:
 2. GET /v1/models lists the served model;
 3. a short greedy completion returns tokens, and the same request again returns the same text;
 4. the batch manager's speculation counters (GET /health drafted_total) moved during step 3.
+   With several replicas behind the Service, --health-every-address reads /health from every
+   address the health URL's host resolves to (a headless Service: one per ready pod) and sums.
 Exit status 0 when all pass, 1 with a message on the first failure.
 """
 
@@ -15,9 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -36,6 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--http", default=env("MINEDRAFT_TEST_HTTP", "http://localhost:8000"), help="OpenAI HTTP base URL")
     p.add_argument("--health", default=env("MINEDRAFT_TEST_HEALTH", ""),
                    help="URL of GET /health (default: <http>/health; the admin port when it is separate)")
+    p.add_argument("--health-every-address", action="store_true",
+                   default=env("MINEDRAFT_TEST_HEALTH_EVERY_ADDRESS", "") == "1",
+                   help="sum /health over every address of the health URL's host (a headless Service)")
     p.add_argument("--model", default=env("MINEDRAFT_TEST_MODEL", ""), help="expected served model name")
     p.add_argument("--prompt", default=env("MINEDRAFT_TEST_PROMPT", "The quick brown fox"))
     p.add_argument("--max-tokens", type=int, default=int(env("MINEDRAFT_TEST_MAX_TOKENS", "16")))
@@ -97,25 +104,51 @@ def greedy_completion(http: str, model: str, prompt: str, max_tokens: int, timeo
     return str(choices[0].get("text", ""))
 
 
-def speculation_totals(health_url: str, timeout: float) -> tuple[int, int, dict[str, Any]]:
-    status = http_json(health_url, timeout)
-    if "drafted_total" not in status:
-        raise CheckFailed(f"GET {health_url} has no drafted_total: {status}")
-    return int(status["drafted_total"]), int(status.get("accepted_total", 0)), status
+def health_urls(health_url: str, every_address: bool, deadline: float) -> list[str]:
+    """The URL itself, or one URL per address its host resolves to (retried: DNS lists ready pods only)."""
+    if not every_address:
+        return [health_url]
+    parts = urllib.parse.urlsplit(health_url)
+    last = "no address"
+    while time.monotonic() < deadline:
+        try:
+            infos = socket.getaddrinfo(parts.hostname, parts.port, type=socket.SOCK_STREAM)
+            hosts = sorted({f"[{i[4][0]}]" if i[0] == socket.AF_INET6 else str(i[4][0]) for i in infos})
+            return [urllib.parse.urlunsplit(parts._replace(netloc=f"{h}:{parts.port}")) for h in hosts]
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(1)
+    raise CheckFailed(f"{parts.hostname} did not resolve ({last})")
+
+
+def speculation_totals(urls: list[str], timeout: float) -> tuple[int, int, dict[str, Any]]:
+    """(drafted, accepted) summed over `urls`, and the first /health body (for messages)."""
+    drafted = accepted = 0
+    first: dict[str, Any] = {}
+    for url in urls:
+        status = http_json(url, timeout)
+        if "drafted_total" not in status:
+            raise CheckFailed(f"GET {url} has no drafted_total: {status}")
+        drafted += int(status["drafted_total"])
+        accepted += int(status.get("accepted_total", 0))
+        first = first or status
+    return drafted, accepted, first
 
 
 def run(args: argparse.Namespace) -> str:
     """All four steps; returns a one-line summary."""
     http = args.http.rstrip("/")
     health_url = args.health or f"{http}/health"
-    check_grpc_health(args.grpc, time.monotonic() + args.timeout)
+    deadline = time.monotonic() + args.timeout
+    check_grpc_health(args.grpc, deadline)
     model = check_models(http, args.model, args.timeout)
-    drafted_before, accepted_before, _ = speculation_totals(health_url, args.timeout)
+    urls = health_urls(health_url, args.health_every_address, deadline)
+    drafted_before, accepted_before, _ = speculation_totals(urls, args.timeout)
     first = greedy_completion(http, model, args.prompt, args.max_tokens, args.timeout)
     second = greedy_completion(http, model, args.prompt, args.max_tokens, args.timeout)
     if first != second:
         raise CheckFailed(f"greedy completions differ: {first!r} vs {second!r}")
-    drafted_after, accepted_after, status = speculation_totals(health_url, args.timeout)
+    drafted_after, accepted_after, status = speculation_totals(urls, args.timeout)
     if drafted_after <= drafted_before:
         raise CheckFailed(
             f"speculation counters did not move (drafted_total {drafted_before} -> {drafted_after}; mode "
