@@ -40,3 +40,42 @@ def mdd_crd() -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def specpol_crd() -> dict[str, Any]:
     return policy_crd()
+
+
+def cpu_pod_resource(ports: list[int]) -> dict[str, Any]:
+    """A CPU MineDraftDeployment whose seven ports are the given free ones; the target comes from a
+    PVC (mapped to a local folder by the pod runner), the draft from the worker image's bundled pair."""
+    from minedraft.bundled import TINY_DRAFT  # the venv's install stands in for the worker image
+
+    mdd = load_example("mdd-cpu-tiny.yaml")
+    mdd["metadata"].update(namespace="default", uid="0f0e0d0c-uid")
+    spec = mdd["spec"]
+    spec["target"]["model"] = {"pvc": {"claimName": "models", "path": "tiny-target"}}
+    spec["images"]["bundledModelsDir"] = str(TINY_DRAFT.parent)
+    spec["target"]["threads"] = spec["draft"]["threads"] = 1
+    spec["ports"] = dict(zip(("verifier", "draft", "tensorParallel", "dataPlane", "admin"), ports, strict=False))
+    spec["service"] = {"grpcPort": ports[5], "httpPort": ports[6]}
+    return mdd
+
+
+@pytest.fixture(scope="session")
+def running_pod(tmp_path_factory: pytest.TempPathFactory):
+    """One CPU serving pod, rendered by the operator and run as local processes (shared: it takes seconds)."""
+    from minedraft_operator.render import render
+
+    from minedraft.bundled import TINY_TARGET
+    from tests.operator.pod_runner import LocalPod, free_ports
+
+    mdd = cpu_pod_resource(free_ports(7))
+    deployment = next(o for o in render(mdd) if o["kind"] == "Deployment")
+    root = tmp_path_factory.mktemp("pod")
+    mounts = {"target-model": TINY_TARGET.parent, "home": root / "home", "tmp": root / "tmp"}
+    for folder in (mounts["home"], mounts["tmp"]):
+        folder.mkdir()
+    pod = LocalPod(deployment["spec"]["template"], mounts, root / "logs")
+    pod.start()
+    try:
+        pod.wait_ready(timeout_s=150)
+        yield mdd, pod
+    finally:
+        pod.stop()

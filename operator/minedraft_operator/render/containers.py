@@ -1,0 +1,159 @@
+"""The containers of a serving pod: verifier ranks, draft, batch manager (commands, env, probes)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from minedraft_operator.policy import default_policy_env
+from minedraft_operator.render.gpu import GpuSlot, layout
+from minedraft_operator.render.names import BATCH_MANAGER, DRAFT
+from minedraft_operator.spec import DeploymentSpec, Worker
+
+HOME = "/home/minedraft"
+LOCALHOST = "127.0.0.1"
+PROBE_PERIOD_S = 10
+BM_PRESTOP_S = 5  # lets endpoints drop the pod before SIGTERM starts the batch manager's drain
+
+
+def env_list(values: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"name": k, "value": v} for k, v in values.items()]
+
+
+def security_context() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
+            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def _grpc_probes(port: int, startup_s: int) -> dict[str, Any]:
+    """The control port answers grpc.health.v1 SERVING once the model is loaded."""
+    grpc = {"port": port, "service": ""}
+    return {
+        "startupProbe": {"grpc": grpc, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5,
+                         "failureThreshold": math.ceil(startup_s / PROBE_PERIOD_S)},
+        "livenessProbe": {"grpc": grpc, "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3},
+    }
+
+
+def _mounts(spec: DeploymentSpec, models: list[Worker], shm: bool) -> list[dict[str, Any]]:
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "home", "mountPath": HOME}]
+    if shm:
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    for worker in models:
+        if worker.model.volume_name:
+            mounts.append({"name": worker.model.volume_name, "mountPath": worker.model.mount_path, "readOnly": True})
+    return mounts
+
+
+def _resources(worker_resources: dict[str, Any], slot: GpuSlot | None) -> dict[str, Any]:
+    out = {k: dict(v) for k, v in worker_resources.items() if k in ("requests", "limits")}
+    if slot is not None and slot.limits:
+        out["limits"] = {**out.get("limits", {}), **slot.limits}
+    if slot is not None and slot.claims:
+        out["claims"] = list(slot.claims)
+    return out
+
+
+def _base(spec: DeploymentSpec, name: str, image: str, role: str) -> dict[str, Any]:
+    return {"name": name, "image": image, "imagePullPolicy": spec.images["pullPolicy"],
+            "command": ["minedraft"], "args": [role], "securityContext": security_context(),
+            "terminationMessagePolicy": "FallbackToLogsOnError"}
+
+
+def _worker_env(spec: DeploymentSpec, worker: Worker, slot: GpuSlot, port: int) -> dict[str, str]:
+    env = {"MINEDRAFT_MODEL": worker.model.folder(spec.images["bundledModelsDir"]),
+           # 0.0.0.0: the kubelet's gRPC probes reach the control port on the pod IP.
+           "MINEDRAFT_HOST": "0.0.0.0", "MINEDRAFT_PORT": str(port), "MINEDRAFT_DEVICE": slot.device,
+           "MINEDRAFT_DTYPE": worker.dtype, "HOME": HOME, "PYTHONUNBUFFERED": "1"}
+    env.update({f"MINEDRAFT_{k}": str(v) for k, v in worker.tuning.items()})
+    env.update(slot.env)
+    return env
+
+
+def _worker_lifecycle(spec: DeploymentSpec) -> dict[str, Any]:
+    """Workers outlive the batch manager's drain, so in-flight requests finish."""
+    return {"preStop": {"sleep": {"seconds": BM_PRESTOP_S + spec.raw["drainSeconds"]}}}
+
+
+def verifier_containers(spec: DeploymentSpec) -> list[dict[str, Any]]:
+    ports = spec.ports
+    tp = spec.target.tp_size
+    slots = layout(spec)[:tp]
+    out = []
+    for rank, slot in enumerate(slots):
+        c = _base(spec, slot.container, spec.images["worker"], "verifier")
+        env = _worker_env(spec, spec.target, slot, ports["verifier"])
+        env.update({"MINEDRAFT_TP_SIZE": str(tp), "MINEDRAFT_TP_RANK": str(rank),
+                    "MINEDRAFT_TP_ADDR": f"{LOCALHOST}:{ports['tensorParallel']}",
+                    "MINEDRAFT_DATA_PORT": str(ports["dataPlane"])})
+        c["env"] = env_list(env)
+        c["resources"] = _resources(spec.target.resources, slot)
+        c["volumeMounts"] = _mounts(spec, [spec.target], shm=True)
+        c["lifecycle"] = _worker_lifecycle(spec)
+        if rank == 0:  # only rank 0 serves the control plane; the others follow it over the TP group
+            c["ports"] = [{"name": "verifier-ctl", "containerPort": ports["verifier"], "protocol": "TCP"}]
+            c.update(_grpc_probes(ports["verifier"], spec.raw["startupSeconds"]))
+        out.append(c)
+    return out
+
+
+def draft_container(spec: DeploymentSpec) -> dict[str, Any]:
+    slot = layout(spec)[-1]
+    port = spec.ports["draft"]
+    c = _base(spec, DRAFT, spec.images["worker"], "draft")
+    c["env"] = env_list(_worker_env(spec, spec.draft, slot, port))
+    c["ports"] = [{"name": "draft-ctl", "containerPort": port, "protocol": "TCP"}]
+    c["resources"] = _resources(spec.draft.resources, slot)
+    c["volumeMounts"] = _mounts(spec, [spec.draft], shm=True)
+    c["lifecycle"] = _worker_lifecycle(spec)
+    c.update(_grpc_probes(port, spec.raw["startupSeconds"]))
+    return c
+
+
+def _manager_env(spec: DeploymentSpec) -> list[dict[str, Any]]:
+    ports, service, bm = spec.ports, spec.service, spec.raw["batchManager"]
+    env = {
+        "MINEDRAFT_HOST": "0.0.0.0", "MINEDRAFT_GRPC_PORT": str(service["grpcPort"]),
+        "MINEDRAFT_HTTP_PORT": str(service["httpPort"]), "MINEDRAFT_ADMIN_PORT": str(ports["admin"]),
+        **default_policy_env(),
+        "MINEDRAFT_MAX_QUEUE": str(bm["maxQueue"]),
+        "MINEDRAFT_DATA_PLANE_BACKEND": "gloo" if spec.gpu_mode == "none" else "nccl",
+        "MINEDRAFT_TOKENIZER": spec.target.model.folder(spec.images["bundledModelsDir"]),
+        "MINEDRAFT_VERIFIER_ADDRESS": f"{LOCALHOST}:{ports['verifier']}",
+        "MINEDRAFT_DRAFT_ADDRESS": f"{LOCALHOST}:{ports['draft']}",
+        "HOME": HOME, "PYTHONUNBUFFERED": "1",
+    }
+    if bm.get("servedModelName"):
+        env["MINEDRAFT_SERVED_MODEL_NAME"] = bm["servedModelName"]
+    otlp = spec.raw["observability"].get("otlpEndpoint")
+    if otlp:
+        env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_SERVICE_NAME": f"minedraft-{spec.name}"})
+    out = env_list(env)
+    secret = spec.raw.get("auth", {}).get("secretRef")
+    if secret:
+        out.append({"name": "MINEDRAFT_API_KEY",
+                    "valueFrom": {"secretKeyRef": {"name": secret["name"], "key": secret["key"]}}})
+    return out
+
+
+def batch_manager_container(spec: DeploymentSpec) -> dict[str, Any]:
+    ports, service = spec.ports, spec.service
+    admin = ports["admin"]
+    health = {"path": "/health", "port": admin, "scheme": "HTTP"}
+    period = 5
+    c = _base(spec, BATCH_MANAGER, spec.images["batchManager"], "batch-manager")
+    c["env"] = _manager_env(spec)
+    c["ports"] = [
+        {"name": "grpc", "containerPort": service["grpcPort"], "protocol": "TCP"},
+        {"name": "http", "containerPort": service["httpPort"], "protocol": "TCP"},
+        {"name": "admin", "containerPort": admin, "protocol": "TCP"},
+    ]
+    c["resources"] = _resources(spec.raw["batchManager"].get("resources", {}), None)
+    c["volumeMounts"] = _mounts(spec, [spec.target], shm=False)  # the tokenizer is the target's
+    # It listens only once both workers answered and the data plane formed: /health = ready.
+    c["startupProbe"] = {"httpGet": health, "periodSeconds": period, "timeoutSeconds": 3,
+                         "failureThreshold": math.ceil(spec.raw["startupSeconds"] / period)}
+    c["readinessProbe"] = {"httpGet": health, "periodSeconds": period, "timeoutSeconds": 3, "failureThreshold": 2}
+    c["livenessProbe"] = {"httpGet": health, "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3}
+    c["lifecycle"] = {"preStop": {"sleep": {"seconds": BM_PRESTOP_S}}}
+    return c

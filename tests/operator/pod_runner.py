@@ -1,0 +1,139 @@
+"""Runs a rendered pod template on this machine: each container's command, args and env as a process.
+
+This is the "pod runs" check without a cluster: only what the template declares is used (the
+container's own environment, not the test's; its probes; its declared ports), with volume mount
+paths mapped to local folders. A wrong flag, env name, port or path in the template fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+HOST = "127.0.0.1"  # the pod IP, seen from inside this machine
+# The image puts its venv on PATH; here the test's venv stands in for it.
+PATH = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((HOST, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def probe_ok(probe: dict[str, Any]) -> bool:
+    """One attempt of a kubelet probe (grpc, httpGet or tcpSocket) against the pod IP."""
+    try:
+        if "grpc" in probe:
+            with grpc.insecure_channel(f"{HOST}:{probe['grpc']['port']}") as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=probe["grpc"].get("service", "")),
+                                   timeout=probe.get("timeoutSeconds", 1))
+                return reply.status == health_pb2.HealthCheckResponse.SERVING
+        if "httpGet" in probe:
+            get = probe["httpGet"]
+            url = f"http://{HOST}:{get['port']}{get.get('path', '/')}"
+            with urllib.request.urlopen(url, timeout=probe.get("timeoutSeconds", 1)) as reply:
+                return 200 <= reply.status < 400
+        if "tcpSocket" in probe:
+            with socket.create_connection((HOST, probe["tcpSocket"]["port"]), timeout=1):
+                return True
+    except (OSError, grpc.RpcError):
+        return False
+    raise ValueError(f"unsupported probe {probe}")
+
+
+@dataclass
+class LocalPod:
+    """The containers of one pod template as local processes."""
+
+    template: dict[str, Any]
+    mounts: dict[str, Path]  # volume name -> local folder
+    log_dir: Path
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def container(self, name: str) -> dict[str, Any]:
+        return next(c for c in self.template["spec"]["containers"] if c["name"] == name)
+
+    def _local_path(self, container: dict[str, Any], value: str) -> str:
+        """Rewrite a path under a volume mount to the local folder mapped to that volume."""
+        for mount in container.get("volumeMounts", []):
+            root = mount["mountPath"]
+            if mount["name"] in self.mounts and (value == root or value.startswith(root + "/")):
+                return str(self.mounts[mount["name"]]) + value[len(root):]
+        return value
+
+    def _env(self, container: dict[str, Any]) -> dict[str, str]:
+        env = {"PATH": PATH, "LANG": "C.UTF-8"}
+        for item in container.get("env", []):
+            if "value" not in item:
+                raise ValueError(f"{container['name']}: {item['name']} needs a cluster (valueFrom)")
+            env[item["name"]] = self._local_path(container, item["value"])
+        return env
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for c in self.template["spec"]["containers"]:
+            executable = shutil.which(c["command"][0], path=PATH)
+            assert executable, f"{c['command'][0]} is not installed here"
+            log = open(self.log_dir / f"{c['name']}.log", "wb")  # noqa: SIM115 - the child owns it
+            self.procs[c["name"]] = subprocess.Popen([executable, *c["command"][1:], *c.get("args", [])],
+                                                     env=self._env(c), stdout=log, stderr=subprocess.STDOUT,
+                                                     start_new_session=True, cwd=self.log_dir)
+
+    def _ready(self, c: dict[str, Any], started: set[str]) -> bool:
+        name = c["name"]
+        if name not in started:
+            if "startupProbe" in c and not probe_ok(c["startupProbe"]):
+                return False
+            started.add(name)
+        return "readinessProbe" not in c or probe_ok(c["readinessProbe"])
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll the declared probes until every container is ready (the pod's Ready condition)."""
+        started: set[str] = set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"container {name} exited with {proc.returncode}:\n{self.log(name)}")
+            if all(self._ready(c, started) for c in self.template["spec"]["containers"]):
+                return
+            time.sleep(0.3)
+        raise TimeoutError("pod not ready:\n" + "\n".join(f"--- {n}\n{self.log(n)}" for n in self.procs))
+
+    def log(self, name: str) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+    def port(self, container: str, port_name: str) -> int:
+        return next(p["containerPort"] for p in self.container(container)["ports"] if p["name"] == port_name)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
