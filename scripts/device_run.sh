@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# One device call: install the carried wheels, check kernels and engine, run the GPU sweep.
+# One device call: install the carried wheels, run the GPU tests with pytest, then the GPU sweep.
 # Usage on the device machine, from the repository root:
-#   bash scripts/device_run.sh [extra bench_gpu.py flags]
-# Carry `.whl` (wheels, see docs/benchmarks/gpu.md) and `services/minedraft/proto` (generated stubs).
+#   bash scripts/device_run.sh [extra `minedraft bench gpu` flags]
+# Carry `.whl` (wheels, see docs/benchmarks/gpu.md; pytest's included) and `services/minedraft/proto`
+# (generated stubs). SKIP_KERNELS=1 skips the kernel tests (kernels unchanged since their last run);
+# MINEDRAFT_KERNEL_CASES sets the random paged-attention cases (default here 40; the tests' own is 150).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export MINEDRAFT_KERNEL_CASES="${MINEDRAFT_KERNEL_CASES:-40}"
 OUT="${OUT:-$PWD/device_out}"
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheel install failed"; exit 3; }
-export PYTHONPATH="/tmp/site:$PWD/services"
+export PYTHONPATH="/tmp/site:$PWD/services:$PWD"
+PYTEST=(python3 -m pytest -q -rs -p no:cacheprovider)
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
-if [ -z "${SKIP_KERNELS:-}" ]; then  # SKIP_KERNELS=1: the kernels are unchanged since their last check
-  timeout 400 python3 scripts/check_cuda_kernels.py --device cuda --no-bench > "$OUT/kernels.txt" 2>&1
-  grep -c PASS "$OUT/kernels.txt"; grep FAIL "$OUT/kernels.txt" | head -5; tail -22 "$OUT/kernels.txt"
+if [ -z "${SKIP_KERNELS:-}" ]; then
+  timeout 400 "${PYTEST[@]}" tests/gpu/test_paged_attention_kernels.py tests/gpu/test_fused_kernels.py \
+    tests/gpu/test_cuda_graph_kernels.py > "$OUT/kernels.txt" 2>&1
+  echo "kernel tests exit $?"; tail -5 "$OUT/kernels.txt"
 fi
-timeout 300 python3 scripts/check_gpu_engine.py > "$OUT/engine_check.txt" 2>&1
-tail -8 "$OUT/engine_check.txt"
-python3 scripts/bench_gpu.py --out "$OUT/bench" "$@" > "$OUT/bench.log" 2>&1
+timeout 300 "${PYTEST[@]}" -s tests/gpu/test_engine_on_cuda.py > "$OUT/engine_check.txt" 2>&1
+echo "engine tests exit $?"; grep -E "agreement|passed|failed|SKIPPED" "$OUT/engine_check.txt" | tail -8
+python3 -m minedraft.cli.main bench gpu --out "$OUT/bench" "$@" > "$OUT/bench.log" 2>&1
 echo "bench exit $?"
 tail -30 "$OUT/bench.log"
