@@ -1,0 +1,159 @@
+"""The operator loop against kmock's Kubernetes emulator: objects appear, change, and status follows pods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.operator.emulator import eventually, running_operator
+
+MDD = ("minedraft.io/v1alpha1", "minedraftdeployments")
+POLICY = ("minedraft.io/v1alpha1", "speculationpolicies")
+RCT = ("resource.k8s.io/v1", "resourceclaimtemplates")
+NS = "default"
+
+
+def with_namespace(obj: dict[str, Any], uid: str) -> dict[str, Any]:
+    obj["metadata"].update(namespace=NS, uid=uid, generation=1, resourceVersion="1")
+    return obj
+
+
+def conditions(obj: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in obj.get("status", {}).get("conditions", [])}
+
+
+def pod(mdd: dict[str, Any], name: str, status: dict[str, Any]) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/name": "minedraft", "app.kubernetes.io/instance": mdd["metadata"]["name"],
+              "app.kubernetes.io/managed-by": "minedraft-operator"}
+    meta = {"name": name, "namespace": NS, "labels": labels, "resourceVersion": "1"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": []}, "status": status}
+
+
+@pytest.mark.asyncio
+async def test_create_change_and_prune(kmock, gpu_mdd) -> None:
+    mdd = with_namespace(gpu_mdd, "uid-gpu")
+    async with running_operator(kmock) as k:
+        await k.create(*MDD, mdd)
+
+        async def deployment_with(containers: list[str]) -> dict[str, Any]:
+            d = await k.get("apps/v1", "deployments", NS, "llama-70b")
+            assert [c["name"] for c in d["spec"]["template"]["spec"]["containers"]] == containers
+            return d
+
+        await eventually(lambda: deployment_with(["verifier", "verifier-tp1", "draft", "batch-manager"]),
+                         what="the deployment")
+        service = await k.get("v1", "services", NS, "llama-70b")
+        assert [p["port"] for p in service["spec"]["ports"]] == [50051, 8000]
+        (template,) = await k.list(*RCT, NS)
+        assert template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 3
+        assert template["metadata"]["ownerReferences"][0]["uid"] == "uid-gpu"
+
+        # Change the resource: tp 4 -> a new claim template (specs are immutable), the old one is pruned.
+        await k.patch(*MDD, NS, "llama-70b", {"metadata": {"generation": 2},
+                                              "spec": {"target": {"tensorParallelSize": 4}}})
+        await eventually(lambda: deployment_with(["verifier", "verifier-tp1", "verifier-tp2", "verifier-tp3",
+                                                  "draft", "batch-manager"]), what="tp 4")
+
+        async def one_template_of(count: int) -> bool:
+            templates = await k.list(*RCT, NS)
+            assert [t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] for t in templates] == [count]
+            return True
+
+        await eventually(lambda: one_template_of(5), what="a single 5-GPU claim template")
+
+        # devicePlugin: no claim template; GPUs requested per container.
+        await k.patch(*MDD, NS, "llama-70b", {"metadata": {"generation": 3}, "spec": {"gpu": {"mode": "devicePlugin"}}})
+
+        async def device_plugin() -> bool:
+            d = await k.get("apps/v1", "deployments", NS, "llama-70b")
+            limits = [c["resources"].get("limits", {}).get("nvidia.com/gpu") for c in
+                      d["spec"]["template"]["spec"]["containers"]]
+            assert limits == [1, 1, 1, 1, 1, None]
+            assert await k.list(*RCT, NS) == []
+            return True
+
+        await eventually(device_plugin, what="device plugin layout")
+
+        # A pod the scheduler cannot place -> GPUsAllocated False with the scheduler's message.
+        await k.create("v1", "pods", pod(mdd, "llama-70b-0", {"conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+             "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}]}))
+
+        async def unschedulable() -> bool:
+            obj = await k.get(*MDD, NS, "llama-70b")
+            assert conditions(obj)["GPUsAllocated"] == ("False", "Unschedulable")
+            assert conditions(obj)["Ready"] == ("False", "ReplicasNotReady")
+            assert obj["status"]["observedGeneration"] == 3
+            return True
+
+        await eventually(unschedulable, what="GPUsAllocated False")
+
+
+def container_statuses(bm_ready: bool, draft: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"name": "verifier", "ready": True, "restartCount": 0, "state": {"running": {}}},
+            {"name": "draft", **draft},
+            {"name": "batch-manager", "ready": bm_ready, "restartCount": 0, "state": {"running": {}}}]
+
+
+DRAFT_UP = {"ready": True, "restartCount": 0, "state": {"running": {}}}
+DRAFT_CRASHLOOP = {"ready": False, "restartCount": 3, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                   "lastState": {"terminated": {"reason": "Error", "exitCode": 1}}}
+
+
+def pod_status(ready: bool, draft: dict[str, Any], ip: str = "127.0.0.1") -> dict[str, Any]:
+    return {"podIP": ip, "conditions": [{"type": "PodScheduled", "status": "True"},
+                                        {"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": container_statuses(ready, draft)}
+
+
+@pytest.mark.asyncio
+async def test_pod_status_drives_conditions(kmock, cpu_mdd, policy) -> None:
+    from tests.operator.pod_runner import free_ports
+
+    mdd = with_namespace(cpu_mdd, "uid-cpu")
+    (closed,) = free_ports(1)  # nothing listens there: every push fails
+    mdd["spec"]["ports"] = {"admin": closed}
+    async with running_operator(kmock) as k:
+        await k.create(*MDD, mdd)
+        await k.create("v1", "pods", pod(mdd, "tiny-0", pod_status(False, {"ready": False, "restartCount": 0,
+                                                                           "state": {"running": {}}})))
+
+        async def status_is(expected: dict[str, tuple[str, str]]) -> dict[str, Any]:
+            obj = await k.get(*MDD, NS, "tiny")
+            got = conditions(obj)
+            assert {t: got.get(t) for t in expected} == expected
+            return obj
+
+        await eventually(lambda: status_is({"Ready": ("False", "ReplicasNotReady"),
+                                            "GPUsAllocated": ("True", "CPUOnly"),
+                                            "PolicyApplied": ("False", "PolicyNotFound"),
+                                            "Degraded": ("False", "Speculating")}), what="starting pod")
+
+        # Ready, but the draft crash-loops: Degraded with the reason; the push to pin ar fails (nobody listens).
+        await k.patch("v1", "pods", NS, "tiny-0", {"status": pod_status(True, DRAFT_CRASHLOOP)}, "status")
+        obj = await eventually(lambda: status_is({"Ready": ("True", "ReplicasReady"),
+                                                  "Degraded": ("True", "DraftCrashLoop")}), what="degraded")
+        assert "tiny-0 (CrashLoopBackOff)" in next(c["message"] for c in obj["status"]["conditions"]
+                                                   if c["type"] == "Degraded")
+        assert obj["status"]["readyReplicas"] == 1 and obj["status"]["replicas"] == 1
+        assert obj["status"]["selector"] == "app.kubernetes.io/name=minedraft,app.kubernetes.io/instance=tiny"
+
+        # The policy appears: the push is tried, fails, is reported (and retried by the timer).
+        await k.create(*POLICY, with_namespace(policy, "uid-pol"))
+        obj = await eventually(lambda: status_is({"PolicyApplied": ("False", "PushFailed")}), what="push failure")
+        (replica,) = obj["status"]["replicaStatus"]
+        assert replica["pod"] == "tiny-0" and replica["draftHealthy"] is False and replica["policyGeneration"] == 0
+        assert f"127.0.0.1:{closed}" in replica["error"]
+
+        async def policy_reports_failure() -> bool:
+            status = (await k.get(*POLICY, NS, "fast")).get("status", {})
+            assert status.get("totalReplicas") == 1 and status.get("appliedReplicas") == 0
+            assert status["replicas"][0]["deployment"] == "tiny" and "error" in status["replicas"][0]
+            return True
+
+        await eventually(policy_reports_failure, what="policy status")
+
+        # The draft recovers: no longer degraded.
+        await k.patch("v1", "pods", NS, "tiny-0", {"status": pod_status(True, DRAFT_UP)}, "status")
+        await eventually(lambda: status_is({"Degraded": ("False", "Speculating")}), what="recovered")
