@@ -82,7 +82,9 @@ def summary(reports: list[ReplicaReport]) -> dict[str, Any]:
     """Deployment-wide mode, k, acceptance (weighted by drafted tokens) and transport."""
     healths = [r.health for r in reports if r.health]
     out: dict[str, Any] = {}
-    mode = _uniform([h.get("mode") for h in healths], "mixed")
+    # The configured mode (psd shows "sd" in its /health while a batch is empty); ar once the draft is gone.
+    mode = _uniform([h.get("configured_mode", h.get("mode")) if h.get("draft_connected", True) else "ar"
+                     for h in healths], "mixed")
     k = _uniform([h.get("k") for h in healths], None)
     drafted = sum(h.get("drafted_total", 0) for h in healths)
     transports = sorted({h.get("draft_link_transport") or "" for h in healths} - {""})

@@ -64,7 +64,7 @@ def running_pod(tmp_path_factory: pytest.TempPathFactory):
     from minedraft_operator.render import render
 
     from minedraft.bundled import TINY_TARGET
-    from tests.operator.pod_runner import LocalPod, free_ports
+    from tests.operator.pod_runner import LocalPod, free_ports, http
 
     mdd = cpu_pod_resource(free_ports(7))
     deployment = next(o for o in render(mdd) if o["kind"] == "Deployment")
@@ -76,6 +76,8 @@ def running_pod(tmp_path_factory: pytest.TempPathFactory):
     pod.start()
     try:
         pod.wait_ready(timeout_s=150)
+        status, pod.initial_policy = http("GET", f"http://127.0.0.1:{pod.port('batch-manager', 'admin')}/admin/policy")
+        assert status == 200, pod.initial_policy
         yield mdd, pod
     finally:
         pod.stop()

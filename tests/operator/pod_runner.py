@@ -7,6 +7,7 @@ paths mapped to local folders. A wrong flag, env name, port or path in the templ
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,28 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+def complete(http_port: int, max_tokens: int = 12) -> dict[str, Any]:
+    """A greedy completion through the pod's OpenAI port."""
+    base = f"http://{HOST}:{http_port}"
+    status, models = http("GET", f"{base}/v1/models")
+    assert status == 200, models
+    status, reply = http("POST", f"{base}/v1/completions", {
+        "model": models["data"][0]["id"], "prompt": "Once upon a time", "max_tokens": max_tokens,
+        "temperature": 0, "ignore_eos": True})
+    assert status == 200, reply
+    return reply
 
 
 def probe_ok(probe: dict[str, Any]) -> bool:
@@ -68,6 +92,7 @@ class LocalPod:
     mounts: dict[str, Path]  # volume name -> local folder
     log_dir: Path
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    initial_policy: dict[str, Any] = field(default_factory=dict)  # GET /admin/policy once ready
 
     def container(self, name: str) -> dict[str, Any]:
         return next(c for c in self.template["spec"]["containers"] if c["name"] == name)

@@ -157,3 +157,79 @@ async def test_pod_status_drives_conditions(kmock, cpu_mdd, policy) -> None:
         # The draft recovers: no longer degraded.
         await k.patch("v1", "pods", NS, "tiny-0", {"status": pod_status(True, DRAFT_UP)}, "status")
         await eventually(lambda: status_is({"Degraded": ("False", "Speculating")}), what="recovered")
+
+
+@pytest.mark.asyncio
+async def test_policy_reaches_a_real_batch_manager(kmock, running_pod, policy) -> None:
+    """The SpeculationPolicy is pushed live to the batch manager of the pod the operator generated
+    (run locally), the status records it, a crash-looping draft pins the replica to ar and its
+    recovery restores the policy; greedy output stays the same throughout."""
+    import asyncio
+    import copy
+
+    from tests.operator.pod_runner import complete, http
+
+    started, local = running_pod
+    mdd = with_namespace(copy.deepcopy(started), "uid-live")
+    mdd["spec"]["policyRef"] = {"name": "fast"}
+    admin = f"http://127.0.0.1:{local.port('batch-manager', 'admin')}"
+    http_port = local.port("batch-manager", "http")
+    baseline = (await asyncio.to_thread(complete, http_port))["choices"][0]["text"]
+    policy["spec"].update(mode="sd", k={"initial": 3, "min": 1, "max": 8},
+                          batching={"maxSequencesPerBatch": 8, "pipelineDepth": 1})
+
+    async def batch_manager_runs(expected: dict[str, Any]) -> dict[str, Any]:
+        status, effective = await asyncio.to_thread(http, "GET", f"{admin}/admin/policy")
+        assert status == 200 and {k: effective.get(k) for k in expected} == expected
+        return effective
+
+    async with running_operator(kmock) as k:
+        await k.create(*MDD, mdd)
+        await k.create("v1", "pods", pod(mdd, "tiny-0", pod_status(True, DRAFT_UP)))
+        await k.create(*POLICY, with_namespace(policy, "uid-fast"))
+        await eventually(lambda: batch_manager_runs({"mode": "sd", "k": 3, "max_num_seqs": 16, "pipeline_depth": 1}),
+                         what="policy generation 1 on the batch manager")
+
+        async def recorded(generation: int, mode: str, k_: int) -> dict[str, Any]:
+            obj = await k.get(*MDD, NS, "tiny")
+            status = obj.get("status", {})
+            assert conditions(obj).get("PolicyApplied") == ("True", "Applied")
+            (replica,) = status["replicaStatus"]
+            assert (replica["policyGeneration"], replica["mode"] if mode != "sd" else mode, replica["k"]) == \
+                (generation, mode, k_)
+            assert (status["mode"], status["k"], status["policy"]) == (mode, k_, {"name": "fast",
+                                                                                  "generation": generation})
+            assert 0.0 <= status["acceptanceRate"] <= 1.0
+            return obj
+
+        await eventually(lambda: recorded(1, "sd", 3), what="status of generation 1")
+        pol = await eventually(lambda: k.get(*POLICY, NS, "fast"), what="policy")
+        assert (await asyncio.to_thread(complete, http_port))["choices"][0]["text"] == baseline
+
+        async def policy_status(applied: int) -> bool:
+            status = (await k.get(*POLICY, NS, "fast")).get("status", {})
+            assert (status.get("appliedReplicas"), status.get("totalReplicas")) == (applied, 1)
+            return True
+
+        await eventually(lambda: policy_status(1), what="policy status")
+        assert pol["metadata"]["name"] == "fast"
+
+        # kubectl apply of a new generation: reaches the running batch manager without a restart.
+        pid = local.procs["batch-manager"].pid
+        change = {"metadata": {"generation": 2}, "spec": {"mode": "psd", "k": {"initial": 2}}}
+        await k.patch(*POLICY, NS, "fast", change)
+        await eventually(lambda: batch_manager_runs({"mode": "psd", "k": 2}), what="generation 2")
+        await eventually(lambda: recorded(2, "psd", 2), what="status of generation 2")
+        assert local.procs["batch-manager"].pid == pid and local.procs["batch-manager"].poll() is None
+
+        # The draft container crash-loops: the replica is pinned to ar, the status says why.
+        await k.patch("v1", "pods", NS, "tiny-0", {"status": pod_status(True, DRAFT_CRASHLOOP)}, "status")
+        await eventually(lambda: batch_manager_runs({"mode": "ar", "k": 2}), what="pinned to ar")
+        obj = await k.get(*MDD, NS, "tiny")
+        assert conditions(obj)["Degraded"] == ("True", "DraftCrashLoop")
+        assert (await asyncio.to_thread(complete, http_port))["choices"][0]["text"] == baseline
+
+        # Healthy again: the policy's mode comes back.
+        await k.patch("v1", "pods", NS, "tiny-0", {"status": pod_status(True, DRAFT_UP)}, "status")
+        await eventually(lambda: batch_manager_runs({"mode": "psd", "k": 2}), what="mode restored")
+        await eventually(lambda: recorded(2, "psd", 2), what="status after recovery")
