@@ -1,0 +1,75 @@
+"""Pure parts of the sync: the admin body of a policy, pod readings and conditions."""
+
+from __future__ import annotations
+
+from minedraft_operator.policy import default_policy_env, differs, pinned_to_ar, policy_body
+from minedraft_operator.status import PodView, ReplicaReport, conditions, merge_conditions, summary
+
+
+def test_policy_body_maps_every_contract_field(policy) -> None:
+    policy["spec"]["batching"].update(maxSequencesPerBatch=24, rebalanceThreshold=2.5)
+    assert policy_body(policy["spec"]) == {"mode": "psd", "k": 4, "max_num_seqs": 48, "pipeline_depth": 2,
+                                           "rebalance_threshold": 2.5, "auto_min_tokens_per_step": 1.3,
+                                           "auto_probe_steps": 200}
+    assert policy_body(None) == policy_body({})
+    assert pinned_to_ar(policy_body(None))["mode"] == "ar"
+    assert default_policy_env() == {"MINEDRAFT_MODE": "psd", "MINEDRAFT_K": "4", "MINEDRAFT_MAX_NUM_SEQS": "64"}
+
+
+def test_differs() -> None:
+    want = {"mode": "sd", "k": 3, "rebalance_threshold": 0.5}
+    assert differs({"mode": "sd", "k": 3, "rebalance_threshold": 0.5000000001}, want) == []
+    assert differs({"mode": "psd", "k": 3}, want) == ["mode", "rebalance_threshold"]
+
+
+def _pod(draft: dict, bm_ready: bool = True, ready: bool = True) -> dict:
+    return {"metadata": {"name": "p"}, "status": {
+        "podIP": "10.0.0.7",
+        "conditions": [{"type": "Ready", "status": str(ready)}, {"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [{"name": "draft", **draft}, {"name": "batch-manager", "ready": bm_ready}]}}
+
+
+def test_a_loading_draft_is_not_a_crash_loop_but_a_restarted_one_is() -> None:
+    loading = PodView.of(_pod({"ready": False, "restartCount": 0, "state": {"running": {}}}, bm_ready=False))
+    assert not loading.draft_crashlooping and not loading.serving
+    waiting = {"waiting": {"reason": "CrashLoopBackOff"}}
+    crashed = PodView.of(_pod({"ready": False, "restartCount": 2, "state": waiting}))
+    assert crashed.draft_crashlooping and crashed.draft_reason == "CrashLoopBackOff" and crashed.serving
+
+
+def _report(transport: str | None, drafted: int, accepted: int, connected: bool = True) -> ReplicaReport:
+    health = {"mode": "sd", "configured_mode": "psd", "k": 4, "draft_connected": connected,
+              "drafted_total": drafted, "accepted_total": accepted, "acceptance_rate": 0.0}
+    if transport is not None:
+        health["draft_link_transport"] = transport
+    return ReplicaReport(PodView.of(_pod({"ready": True})), health=health, applied=True, policy_generation=3)
+
+
+def test_summary_weights_acceptance_by_drafted_tokens_and_shows_the_configured_mode() -> None:
+    out = summary([_report("P2P", 100, 90), _report("SHM", 300, 150)])
+    assert out == {"mode": "psd", "k": 4, "acceptanceRate": 0.6, "draftLinkTransport": "P2P,SHM"}
+    assert summary([_report("", 10, 5, connected=False)])["mode"] == "ar"
+
+
+def _by_type(conds: list[dict]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in conds}
+
+
+def test_draft_link_condition_reports_the_transport() -> None:
+    pods = [PodView.of(_pod({"ready": True}))]
+    assert _by_type(conditions(1, "dra", pods, [_report("P2P", 1, 1)], None))["DraftLinkReady"] == ("True", "P2P")
+    mixed = conditions(1, "dra", pods, [_report("P2P", 1, 1), _report("SHM", 1, 1)], None)
+    assert _by_type(mixed)["DraftLinkReady"] == ("True", "Mixed")
+    assert _by_type(conditions(1, "dra", pods, [_report(None, 1, 1)], None))["DraftLinkReady"] == \
+        ("Unknown", "NotReported")
+    down = conditions(1, "dra", pods, [_report("", 1, 1, connected=False)], None)
+    assert _by_type(down)["DraftLinkReady"] == ("False", "NoDataPlane")
+    assert _by_type(down)["Degraded"] == ("True", "DraftDisconnected")
+
+
+def test_transition_time_moves_only_when_status_changes() -> None:
+    first = merge_conditions([], [{"type": "Ready", "status": "False", "reason": "A", "message": ""}], "t1", 1)
+    same = merge_conditions(first, [{"type": "Ready", "status": "False", "reason": "B", "message": ""}], "t2", 2)
+    flipped = merge_conditions(same, [{"type": "Ready", "status": "True", "reason": "C", "message": ""}], "t3", 2)
+    assert [c["lastTransitionTime"] for c in (*first, *same, *flipped)] == ["t1", "t1", "t3"]
+    assert same[0]["observedGeneration"] == 2
