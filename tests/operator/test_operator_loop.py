@@ -195,8 +195,8 @@ async def test_policy_reaches_a_real_batch_manager(kmock, running_pod, policy) -
             status = obj.get("status", {})
             assert conditions(obj).get("PolicyApplied") == ("True", "Applied")
             (replica,) = status["replicaStatus"]
-            assert (replica["policyGeneration"], replica["mode"] if mode != "sd" else mode, replica["k"]) == \
-                (generation, mode, k_)
+            # replica["mode"] is the effective one: an idle psd replica runs sd (one batch is empty)
+            assert (replica["policyGeneration"], replica["k"], replica["draftHealthy"]) == (generation, k_, True)
             assert (status["mode"], status["k"], status["policy"]) == (mode, k_, {"name": "fast",
                                                                                   "generation": generation})
             assert 0.0 <= status["acceptanceRate"] <= 1.0
