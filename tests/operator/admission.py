@@ -11,6 +11,7 @@ from typing import Any
 
 import celpy
 import jsonschema
+
 from minedraft_operator.defaults import apply_defaults
 
 _cel = celpy.Environment()

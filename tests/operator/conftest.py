@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from minedraft_operator.crds import deployment_crd, policy_crd
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "operator" / "examples"
@@ -61,9 +62,8 @@ def cpu_pod_resource(ports: list[int]) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def running_pod(tmp_path_factory: pytest.TempPathFactory):
     """One CPU serving pod, rendered by the operator and run as local processes (shared: it takes seconds)."""
-    from minedraft_operator.render import render
-
     from minedraft.bundled import TINY_TARGET
+    from minedraft_operator.render import render
     from tests.operator.pod_runner import LocalPod, free_ports, http
 
     mdd = cpu_pod_resource(free_ports(7))

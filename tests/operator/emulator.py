@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import kopf
+
 from minedraft_operator import rbac
 from minedraft_operator.handlers import OperatorState, build_registry
 from minedraft_operator.kube import api_path

@@ -9,9 +9,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
 from minedraft_operator import rbac
 from minedraft_operator.crds import all_crds, dump
-
 from tests.operator.admission import admit, crd_schema
 
 OPERATOR = Path(__file__).resolve().parents[2] / "operator"

@@ -6,6 +6,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+
 from minedraft_operator.render import render
 
 GPU_CONTAINERS_TP = {1: ["verifier", "draft"], 2: ["verifier", "verifier-tp1", "draft"],
