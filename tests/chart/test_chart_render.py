@@ -113,3 +113,9 @@ def test_ci_values_create_the_example_resources(values: Path, rendered: dict[str
     expected_worker = "minedraft-worker-cpu" if values.name == "cpu-values.yaml" else "minedraft-worker-gpu"
     assert images["worker"] == f"ghcr.io/minedraft/{expected_worker}:0.1.0"
     assert mdd["metadata"]["namespace"] == policy["metadata"]["namespace"] == "minedraft-system"
+
+
+def test_charts_refuse_clusters_older_than_1_34(helm: Path) -> None:
+    for chart in (CHART, CRDS_CHART):
+        result = run([helm, "template", "x", chart, "--kube-version", "1.33.5"], check=False)
+        assert result.returncode != 0 and ">=1.34.0-0" in result.stderr

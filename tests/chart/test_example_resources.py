@@ -9,8 +9,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from minedraft_operator.render import render
 
+from minedraft_operator.render import render
 from tests.chart.k8s_tools import CI_VALUES, KUBE_VERSION, Manifest, by_kind, one
 from tests.operator.admission import admit
 
