@@ -4,8 +4,8 @@ The example MineDraftDeployment (ci/cpu-values.yaml) is rendered by helm, reconc
 operator's pure render function, and its pod runs as local processes through the operator
 tests' pod runner; then the helm test pod's command and args, as the chart rendered them, run
 against it with only the Service host names pointed at this machine. Ports are free ones
-(set through the chart's values, so the chart wires them end to end); the bundled models come
-from the installed package (the images link /opt/minedraft/models to the same folders).
+(set through the chart's values, so the chart wires them end to end); the bundled models folder
+is laid out as the images lay out /opt/minedraft/models: links to the installed package's pair.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from minedraft.bundled import TINY_TARGET
+from minedraft.bundled import TINY_DRAFT, TINY_TARGET
 from minedraft_operator.render import render
 from tests.chart.k8s_tools import CHART, Manifest, by_kind, helm_template, one
 from tests.operator.pod_runner import HOST, PATH, LocalPod, free_ports
@@ -31,16 +31,20 @@ PORT_KEYS = ("ports.verifier", "ports.draft", "ports.tensorParallel", "ports.dat
 
 @pytest.fixture(scope="module")
 def chart_pod(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Manifest], LocalPod]]:
+    root = tmp_path_factory.mktemp("chart-pod")
+    models = root / "opt-minedraft" / "models"  # what docker/*.Dockerfile build: links into the package
+    models.mkdir(parents=True)
+    for folder in (TINY_TARGET, TINY_DRAFT):
+        (models / folder.name).symlink_to(folder)
     sets = [f"deployment.spec.{key}={port}" for key, port in zip(PORT_KEYS, free_ports(len(PORT_KEYS)), strict=True)]
-    sets.append(f"deployment.spec.images.bundledModelsDir={TINY_TARGET.parent}")
+    sets.append(f"deployment.spec.images.bundledModelsDir={models}")
     manifests = helm_template(helm, CHART, [CHART / "ci" / "cpu-values.yaml"], sets)
     mdd = one(manifests, "MineDraftDeployment")
     mdd["metadata"]["uid"] = "5e1c2a8e-chart-test"
     deployment = one(render(mdd), "Deployment")
-    root = tmp_path_factory.mktemp("chart-pod")
-    mounts = {"home": root / "home", "tmp": root / "tmp"}
-    for folder in mounts.values():
-        folder.mkdir()
+    # HOME is a volume of its own; /tmp stays this machine's (mapping it would also move the models folder).
+    mounts = {"home": root / "home"}
+    mounts["home"].mkdir()
     pod = LocalPod(deployment["spec"]["template"], mounts, root / "logs")
     pod.start()
     try:
