@@ -28,8 +28,12 @@ def verifier_container(rank: int) -> str:
 
 
 def selector(spec: DeploymentSpec) -> dict[str, str]:
-    """Labels that select the serving pods (stable across updates)."""
-    return {NAME_LABEL: "minedraft", INSTANCE_LABEL: spec.name}
+    """Labels that select the serving pods (stable across updates: a Deployment's selector is immutable).
+
+    The component is part of it, so a release of the chart named like the MineDraftDeployment
+    (same name and instance labels on the operator's own pods) is never selected.
+    """
+    return {NAME_LABEL: "minedraft", INSTANCE_LABEL: spec.name, COMPONENT_LABEL: SERVER}
 
 
 def selector_string(spec: DeploymentSpec) -> str:
