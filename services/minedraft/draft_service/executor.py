@@ -50,8 +50,8 @@ class DraftExecutor(PlaneOwner):
             self.plane = DataPlane(DRAFT_RANK, setup.epoch, store, setup.backend, self.worker.runner.device,
                                    timeout_s)
         except (DataPlaneError, RuntimeError) as exc:
-            return control_pb2.WorkerEvent(step=-1, data_plane_lost=True, error=str(exc))
-        return control_pb2.WorkerEvent(step=-1, setup_done=True)
+            return control_pb2.WorkerEvent(step=-1, data_plane_lost=True, error=str(exc), epoch=setup.epoch)
+        return control_pb2.WorkerEvent(step=-1, setup_done=True, transport=self.plane.transport, epoch=setup.epoch)
 
     def _commit_verdict(self, timing: control_pb2.StepTiming) -> None:
         if not self.verdict_pending or self.plane is None:
@@ -89,4 +89,4 @@ class DraftExecutor(PlaneOwner):
 
     def info(self) -> control_pb2.WorkerInfo:
         return worker_info(self.worker, self.role, self.last_step,
-                           transport=self.plane.backend if self.plane is not None else "")
+                           transport=self.plane.transport if self.plane is not None else "")

@@ -96,8 +96,8 @@ class VerifierExecutor(PlaneOwner):
             self.plane = DataPlane(VERIFIER_RANK, setup.epoch, self.store, setup.backend,
                                    self.worker.runner.device, setup_timeout_s(setup.timeout_s))
         except DataPlaneError as exc:
-            return control_pb2.WorkerEvent(step=-1, data_plane_lost=True, error=str(exc))
-        return control_pb2.WorkerEvent(step=-1, setup_done=True)
+            return control_pb2.WorkerEvent(step=-1, data_plane_lost=True, error=str(exc), epoch=setup.epoch)
+        return control_pb2.WorkerEvent(step=-1, setup_done=True, transport=self.plane.transport, epoch=setup.epoch)
 
     def _receive_drafts(self, timing: control_pb2.StepTiming) -> DraftPayload | None:
         if not self.drafts_pending or self.plane is None:
@@ -158,4 +158,4 @@ class VerifierExecutor(PlaneOwner):
     def info(self) -> control_pb2.WorkerInfo:
         return worker_info(self.worker, self.role, self.last_step, data_plane_addr=self.store_host,
                            data_plane_port=self.store_port,
-                           transport=self.plane.backend if self.plane is not None else "")
+                           transport=self.plane.transport if self.plane is not None else "")

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from minedraft.core.errors import MinedraftError
 from minedraft.engine.transfer import to_device
+from minedraft.worker.nccl_report import nccl_log
 
 VERIFIER_RANK = 0
 DRAFT_RANK = 1
@@ -73,6 +74,8 @@ class DataPlane:
         self.backend = backend
         self._pending: list[dist.Work] = []
         self._keep: list[torch.Tensor] = []
+        report = nccl_log() if backend == "nccl" else None
+        report_start = report.mark() if report is not None else 0
         try:
             dist.init_process_group(
                 backend,
@@ -84,8 +87,25 @@ class DataPlane:
             # One group per direction: with NCCL each group has its own stream, so a verdict
             # travelling one way never queues behind a draft payload travelling the other.
             self.groups = {"drafts": dist.new_group([0, 1]), "verdicts": dist.new_group([0, 1])}
+            self._connect_channels()
         except Exception as exc:  # the peer never arrived
             raise DataPlaneError(f"data plane epoch {epoch} did not form: {exc}") from exc
+        # What the link runs over: "gloo", or NCCL's own word for it ("P2P", "SHM", "NET").
+        self.transport = report.transport_since(report_start) if report is not None else backend
+
+    def _connect_channels(self) -> None:
+        """One tiny message each way now: NCCL connects peers lazily, so this moves the connection
+        out of the first step and has NCCL report the transport while the plane forms."""
+        token = torch.zeros(1, dtype=torch.int64, device=self.device)
+        drafts, verdicts = self.groups["drafts"], self.groups["verdicts"]
+        if self.rank == VERIFIER_RANK:
+            dist.recv(token, self.peer, group=drafts)
+            dist.send(token, self.peer, group=verdicts)
+        else:
+            dist.send(token, self.peer, group=drafts)
+            dist.recv(token, self.peer, group=verdicts)
+        if token.is_cuda:
+            torch.cuda.synchronize(token.device)
 
     def _send(self, tensors: list[torch.Tensor], channel: str) -> None:
         try:
