@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
 
 
@@ -69,3 +71,34 @@ def test_without_drafts_everything_is_verified_every_step_and_drafting_restarts_
     assert sched.plan(1, with_drafts=False).verify == [0, 1, 2, 3]
     drafted: dict[int, int] = {}
     run_steps(sched, 2, 4, drafted)
+
+
+
+def skewed(threshold: float) -> TwoBatchScheduler:
+    """Eight equal sequences, then all of batch 0 finishes: batch 1 holds a load of ~4.25, batch 0 none."""
+    sched = TwoBatchScheduler(two_batches=True, rebalance_threshold=threshold)
+    for i in range(8):
+        sched.add(i, context=32, tokens_to_go=100)
+    for seq in (0, 2, 4, 6):
+        sched.remove(seq)
+    return sched
+
+
+@pytest.mark.parametrize(("threshold", "moved", "sizes"), [
+    (0.0, [1, 3], (2, 2)),  # the default: move while a move narrows the gap, as rebalance always did
+    (2.5, [1], (1, 3)),  # one move leaves a gap of ~2.1, within the threshold
+    (4.5, [], (0, 4)),  # the whole gap is tolerated
+])
+def test_rebalancing_stops_once_the_load_gap_is_within_the_threshold(
+    threshold: float, moved: list[int], sizes: tuple[int, int]
+) -> None:
+    sched = skewed(threshold)
+    assert sched.rebalance() == moved and sched.batch_sizes() == sizes
+
+
+def test_one_batch_mode_gathers_every_sequence_and_two_batch_mode_spreads_them_again() -> None:
+    sched = skewed(0.0)
+    sched.use_two_batches(False)
+    assert sched.batch_sizes() == (4, 0) and sched.rebalance() == []
+    sched.use_two_batches(True)
+    assert sched.rebalance() == [1, 3] and sched.batch_sizes() == (2, 2)

@@ -1,22 +1,53 @@
-"""Operator-facing endpoints: live speculation policy (what a SpeculationPolicy pushes)."""
+"""Operator-facing endpoints: the live speculation policy (what a SpeculationPolicy pushes).
+
+`PUT /admin/policy` takes any subset of the policy fields and answers with the whole
+effective policy, like `GET /admin/policy`. An unknown field is 422; a value of the wrong
+type or out of bounds is 400, with a message naming the field. The request model is built
+from `policy.POLICY_FIELDS`, so the API cannot drift from what the step loop accepts.
+With an admin port of its own (MINEDRAFT_ADMIN_PORT), these routes and /health are served
+there only.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, FastAPI
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from minedraft import __version__
 from minedraft.batch_manager.coordinator import Coordinator
+from minedraft.batch_manager.http_api import error_response, install_health_route
+from minedraft.batch_manager.policy import POLICY_FIELDS, PolicyField
+from minedraft.core.errors import InvalidRequestError
 
 
-class PolicyUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _annotation(f: PolicyField) -> Any:
+    if f.choices is not None:
+        return Literal[f.choices] | None  # type: ignore[valid-type]
+    return Annotated[f.type, Field(ge=f.minimum, le=f.maximum, description=f.description)] | None
 
-    mode: Literal["psd", "sd", "ar", "auto"] | None = None
-    k: int | None = Field(default=None, ge=1, le=16)
-    max_num_seqs: int | None = Field(default=None, ge=1)
-    pipeline_depth: int | None = Field(default=None, ge=1, le=4)
+
+PolicyUpdate: type[BaseModel] = create_model(
+    "PolicyUpdate",
+    __config__=ConfigDict(extra="forbid", strict=True),
+    __doc__="Any subset of the live policy; fields left out keep their value.",
+    **{f.name: (_annotation(f), None) for f in POLICY_FIELDS},
+)
+
+
+def _rejection(exc: ValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0]
+    field = ".".join(str(part) for part in first.get("loc", ())) or None
+    if any(e["type"] == "extra_forbidden" for e in errors):
+        unknown = sorted(".".join(str(p) for p in e["loc"]) for e in errors if e["type"] == "extra_forbidden")
+        names = [f.name for f in POLICY_FIELDS]
+        return error_response(422, f"not policy fields: {unknown}; use {names}", param=unknown[0])
+    message = f"{field}: {first['msg']}" if field else f"request body is not a JSON object of policy fields: " \
+        f"{first['msg']}"
+    return error_response(400, message, param=field)
 
 
 def install_admin_routes(app: FastAPI, coordinator: Coordinator) -> None:
@@ -26,8 +57,24 @@ def install_admin_routes(app: FastAPI, coordinator: Coordinator) -> None:
     async def get_policy() -> dict[str, object]:
         return coordinator.config.policy()
 
-    @router.put("/policy")
-    async def put_policy(update: PolicyUpdate) -> dict[str, object]:
-        return await coordinator.apply_policy(**update.model_dump(exclude_none=True))
+    @router.put("/policy", openapi_extra={"requestBody": {"content": {"application/json": {
+        "schema": PolicyUpdate.model_json_schema()}}, "required": True}})
+    async def put_policy(request: Request) -> Any:
+        try:
+            update = PolicyUpdate.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return _rejection(exc)
+        try:
+            return await coordinator.apply_policy(**update.model_dump(exclude_none=True))
+        except InvalidRequestError as exc:
+            return error_response(400, str(exc))
 
     app.include_router(router)
+
+
+def build_admin_app(coordinator: Coordinator) -> FastAPI:
+    """The admin port's app: /health and /admin/policy, nothing a client of the model needs."""
+    app = FastAPI(title="minedraft admin", version=__version__)
+    install_health_route(app, coordinator)
+    install_admin_routes(app, coordinator)
+    return app

@@ -4,35 +4,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minedraft.batch_manager.policy import POLICY_NAMES, check_policy
 from minedraft.core.errors import InvalidRequestError
-from minedraft.core.validation import validate_k
 
-MODES = ("psd", "sd", "ar", "auto")
-POLICY_FIELDS = ("mode", "k", "max_num_seqs", "pipeline_depth")
+DATA_PLANE_BACKENDS = ("gloo", "nccl")  # torch.distributed backends of the draft link: CPU, GPU
 
 
 @dataclass(slots=True)
 class ManagerConfig:
-    """Mode, k, batch caps and fallback thresholds of one batch manager."""
+    """Mode, k, batch caps and fallback thresholds of one batch manager.
+
+    The fields named in `policy.POLICY_FIELDS` are live (GET/PUT /admin/policy); the others
+    are fixed for the life of the process.
+    """
 
     mode: str = "psd"
     k: int = 4
     max_num_seqs: int = 64
-    max_queue: int = 1024
     pipeline_depth: int = 2
+    rebalance_threshold: float = 0.0
+    auto_min_tokens_per_step: float = 1.3
+    auto_probe_steps: int = 200
+    max_queue: int = 1024
     data_plane_backend: str = "gloo"
     data_plane_timeout_s: int = 20
     draft_retry_s: float = 1.0
-    auto_min_tokens_per_step: float = 1.3
-    auto_probe_steps: int = 200
 
     def policy(self) -> dict[str, object]:
         """The live-tunable part (what GET/PUT /admin/policy show)."""
-        return {name: getattr(self, name) for name in POLICY_FIELDS}
+        return {name: getattr(self, name) for name in POLICY_NAMES}
 
     def validate(self) -> None:
-        if self.mode not in MODES:
-            raise InvalidRequestError(f"mode must be one of {MODES}, got {self.mode!r}")
-        validate_k(self.k)
-        if self.pipeline_depth < 1 or self.max_num_seqs < 1:
-            raise InvalidRequestError("pipeline_depth and max_num_seqs must be >= 1")
+        check_policy(self.policy())
+        if self.max_queue < 0:
+            raise InvalidRequestError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.data_plane_backend not in DATA_PLANE_BACKENDS:
+            raise InvalidRequestError(
+                f"data_plane_backend must be one of {list(DATA_PLANE_BACKENDS)}, got {self.data_plane_backend!r}")
+        if self.data_plane_timeout_s < 1 or self.draft_retry_s < 0:
+            raise InvalidRequestError("data_plane_timeout_s must be >= 1 and draft_retry_s >= 0")

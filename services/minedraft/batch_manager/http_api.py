@@ -308,16 +308,23 @@ class OpenAIServer:
         return JSONResponse(build(request_id, model, collected).model_dump())
 
 
-def build_http_app(backend: GenerationBackend) -> FastAPI:
-    """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models and /health."""
-    app = FastAPI(title="minedraft", version=__version__)
-    app.state.backend = backend
-    server = OpenAIServer(backend)
-    install_error_handlers(app)
+def install_health_route(app: FastAPI, backend: GenerationBackend) -> None:
+    """GET /health: 200 with the backend's status (mode, batches, counters, draft link)."""
 
     @app.get("/health")
     async def health() -> dict[str, object]:
         return {"status": "ok", **backend.status()}
+
+
+def build_http_app(backend: GenerationBackend, serve_health: bool = True) -> FastAPI:
+    """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models and (unless an admin
+    port serves it) /health."""
+    app = FastAPI(title="minedraft", version=__version__)
+    app.state.backend = backend
+    server = OpenAIServer(backend)
+    install_error_handlers(app)
+    if serve_health:
+        install_health_route(app, backend)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -37,8 +37,9 @@ class StepBatches:
 class TwoBatchScheduler:
     """Assigns sequences to batch 0 or 1, balances them by load and plans each step."""
 
-    def __init__(self, two_batches: bool) -> None:
+    def __init__(self, two_batches: bool, rebalance_threshold: float = 0.0) -> None:
         self.two_batches = two_batches
+        self.rebalance_threshold = rebalance_threshold  # load gap (in step-cost units) tolerated without moves
         self.seqs: dict[int, SeqSched] = {}
 
     def load(self, batch: int) -> float:
@@ -68,13 +69,22 @@ class TwoBatchScheduler:
             seq.context += new_tokens
             seq.tokens_to_go = max(0, seq.tokens_to_go - new_tokens)
 
+    def use_two_batches(self, two_batches: bool) -> None:
+        """Switch between psd (two batches) and one batch; call only with no step in flight.
+        One batch means every sequence in batch 0; two batches fill up by rebalancing."""
+        self.two_batches = two_batches
+        if not two_batches:
+            for seq in self.seqs.values():
+                seq.batch = 0
+
     def restart_drafting(self) -> None:
         """After AR fallback every sequence starts again from a draft step."""
         for seq in self.seqs.values():
             seq.next_is_draft = True
 
     def rebalance(self) -> list[int]:
-        """Move sequences waiting to draft from the heavier batch while that narrows the gap."""
+        """Move sequences waiting to draft from the heavier batch while that narrows the gap and
+        the gap exceeds `rebalance_threshold` (0: whenever a move narrows it)."""
         if not self.two_batches:
             return []
         moved: list[int] = []
@@ -83,7 +93,7 @@ class TwoBatchScheduler:
             heavy = 0 if loads[0] > loads[1] else 1
             gap = abs(loads[0] - loads[1])
             members = self.members(heavy)
-            if len(members) <= 1:
+            if len(members) <= 1 or gap <= self.rebalance_threshold:
                 return moved
             # Moving cost c changes the gap to |gap - 2c|: worth it only when c < gap.
             candidates = [s for s in members if s.next_is_draft and s.step_cost < gap]

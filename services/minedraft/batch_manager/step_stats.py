@@ -40,6 +40,15 @@ class Counters:
             for count in counts:
                 self.note_speculative_tokens(count)
 
+    def count_step(self, with_drafts: bool, draft: Sequence[int], verify: Sequence[int]) -> None:
+        """One issued plan, by kind: psd (both batches busy), sd (one of them) or ar."""
+        if not with_drafts:
+            self.ar_steps += bool(verify)
+        elif draft and verify:
+            self.psd_steps += 1
+        elif draft or verify:
+            self.sd_steps += 1
+
     def reset_recent(self) -> None:
         self.recent_tokens_per_seq = 0.0
         self.recent_samples = 0

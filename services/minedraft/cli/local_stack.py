@@ -96,7 +96,7 @@ class LocalStack:
             "batch-manager", "--tokenizer", c.tokenizer or c.target, "--host", c.host, "--grpc-port", str(c.grpc_port),
             "--http-port", str(c.http_port), "--mode", c.mode, "--k", str(c.k),
             "--max-num-seqs", str(c.max_num_seqs), "--data-plane-backend", c.data_plane_backend,
-            "--target-address", f"127.0.0.1:{self.target_port}",
+            "--verifier-address", f"127.0.0.1:{self.target_port}",
             "--draft-address", f"127.0.0.1:{self.draft_port}" if c.mode != "ar" else "",
         ])
 

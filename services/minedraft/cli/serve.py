@@ -6,6 +6,7 @@ import argparse
 import signal
 import threading
 
+from minedraft.batch_manager.policy import MODES
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
 from minedraft.cli.local_stack import LocalStack, StackConfig
 
@@ -19,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--target-device", default="cpu")
     p.add_argument("--draft-device", default="cpu")
-    p.add_argument("--mode", choices=("psd", "sd", "ar", "auto"), default="psd")
+    p.add_argument("--mode", choices=MODES, default="psd")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker process")
     p.add_argument("--tp-size", type=int, default=1,

@@ -1,0 +1,178 @@
+"""The draft service's life in the loop: data-plane epochs, loss, return.
+
+The supervisor performs the moves of `draft_state`: it forms an epoch with the verifier
+(CONNECTING / RECOVERING -> DRAFTING), notices a loss from either side (-> LOST_AR), and
+keeps asking the draft service until it answers, then drains the loop and forms a fresh
+epoch. What a move means for the requests (counters, re-adding every running sequence)
+is the step loop's business, told through `LoopHooks`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+from minedraft.batch_manager.config import ManagerConfig
+from minedraft.batch_manager.draft_state import DraftLinkState, DraftState
+from minedraft.batch_manager.link import WorkerLink
+from minedraft.proto import control_pb2
+
+log = logging.getLogger(__name__)
+S = DraftState
+INFO_TIMEOUT_S = 2.0  # how long one probe of a lost draft service waits for an answer
+SETUP_SLACK_S = 10.0  # beyond the workers' own data-plane timeout
+
+
+class DraftGoneError(ConnectionError):
+    """The draft service's control stream ended while an epoch was forming."""
+
+
+class LoopHooks(Protocol):
+    """What the supervisor asks of the step loop."""
+
+    def draining(self) -> AbstractAsyncContextManager[None]:
+        """Hold new plans and wait until the verifier ran every issued one."""
+        ...
+
+    def draft_left(self) -> None:
+        """Drafting stopped because the draft service or the data plane is gone."""
+        ...
+
+    def draft_back(self) -> None:
+        """A fresh epoch formed after a loss (called while drained): re-add every sequence."""
+        ...
+
+    def draft_step_done(self, event: control_pb2.WorkerEvent) -> None:
+        """The draft service finished a step (timing)."""
+        ...
+
+
+class DraftSupervisor:
+    """Owns the draft link and its state; `state.connected` says whether plans go to it."""
+
+    def __init__(
+        self, link: WorkerLink | None, verifier: WorkerLink, loop: LoopHooks, config: Callable[[], ManagerConfig]
+    ) -> None:
+        self.link = link
+        self.verifier = verifier
+        self.loop = loop
+        self.config = config
+        self.state = DraftLinkState(has_draft=link is not None)
+        self.epoch = 0
+        self.transport = ""  # what the current epoch's data plane runs over ("" while none is up)
+        self._replies: dict[str, asyncio.Future[control_pb2.WorkerEvent]] = {}
+        self._recovery: asyncio.Task | None = None
+
+    # ----- moves ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Form the first epoch; when that fails, keep retrying in the background."""
+        if self.link is None:
+            return
+        if await self._form_epoch():
+            self.state.to(S.DRAFTING)
+        else:
+            self.state.to(S.LOST_AR)
+            self._recovery = asyncio.create_task(self._recover())
+
+    def lost(self) -> None:
+        """Either side reported the draft service or the data plane gone."""
+        if self.state.state in (S.CONNECTING, S.RECOVERING):
+            self._fail_reply("draft", DraftGoneError("draft service stream ended during data-plane setup"))
+            return
+        if not self.state.connected:
+            return
+        assert self.link is not None
+        log.warning("draft service lost: continuing autoregressively on the verifier")
+        self.state.to(S.LOST_AR)
+        self.transport = ""
+        self.loop.draft_left()
+        asyncio.get_running_loop().create_task(self.link.close_stream())
+        self._recovery = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        """LOST_AR until the draft service answers, then RECOVERING with the loop drained."""
+        assert self.link is not None
+        while self.state.state is S.LOST_AR:
+            await asyncio.sleep(self.config().draft_retry_s)
+            try:
+                await self.link.info(timeout=INFO_TIMEOUT_S)
+            except Exception:
+                continue
+            async with self.loop.draining():
+                if self.state.state is not S.LOST_AR:  # stopping
+                    return
+                self.state.to(S.RECOVERING)
+                formed = await self._form_epoch()
+                if self.state.state is not S.RECOVERING:
+                    return
+                if formed:
+                    self.state.to(S.DRAFTING)
+                    self.loop.draft_back()
+                    log.info("draft service is back: data plane epoch %d over %s", self.epoch, self.transport)
+                else:
+                    self.state.to(S.LOST_AR)
+
+    async def stop(self) -> None:
+        if self.state.state is not S.STOPPING:
+            self.state.to(S.STOPPING)
+        if self._recovery is not None:
+            self._recovery.cancel()
+        if self.link is not None:
+            await self.link.close()
+
+    # ----- one data-plane epoch ---------------------------------------------------------
+
+    async def _form_epoch(self) -> bool:
+        """Open a fresh draft stream and have both workers join a new process group."""
+        assert self.link is not None
+        cfg = self.config()
+        vinfo = await self.verifier.info()
+        await self.link.open(self._on_event, self.lost)
+        self.epoch += 1
+        loop = asyncio.get_running_loop()
+        self._replies = {role: loop.create_future() for role in ("verifier", "draft")}
+        setup = control_pb2.DataPlaneSetup(epoch=self.epoch, master_addr=vinfo.data_plane_addr,
+                                           master_port=vinfo.data_plane_port, backend=cfg.data_plane_backend,
+                                           timeout_s=cfg.data_plane_timeout_s)
+        self.verifier.send(control_pb2.ControlMessage(setup=setup))
+        self.link.send(control_pb2.ControlMessage(setup=setup))
+        waiting = asyncio.gather(*self._replies.values(), return_exceptions=True)
+        try:
+            replies = await asyncio.wait_for(waiting, cfg.data_plane_timeout_s + SETUP_SLACK_S)
+        except TimeoutError:
+            replies = []
+        self._replies = {}
+        events = [r for r in replies if isinstance(r, control_pb2.WorkerEvent)]
+        if len(events) < 2 or not all(e.setup_done for e in events):
+            log.warning("data plane epoch %d did not form: %s", self.epoch, [str(r) for r in replies] or "timeout")
+            await self.link.close_stream()
+            return False
+        verifier_reply, draft_reply = events
+        self.transport = verifier_reply.transport or draft_reply.transport or cfg.data_plane_backend
+        return True
+
+    def on_setup_reply(self, role: str, event: control_pb2.WorkerEvent) -> None:
+        """A worker's answer to DataPlaneSetup (replies of an abandoned epoch are ignored)."""
+        waiter = self._replies.get(role)
+        if waiter is not None and not waiter.done() and event.epoch in (0, self.epoch):
+            waiter.set_result(event)
+
+    def _fail_reply(self, role: str, exc: Exception) -> None:
+        waiter = self._replies.get(role)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    def _on_event(self, event: control_pb2.WorkerEvent) -> None:
+        """Events of the draft service's stream."""
+        if event.step < 0:
+            self.on_setup_reply("draft", event)
+            return
+        if event.error:
+            log.error("draft service error at step %d: %s", event.step, event.error)
+        self.loop.draft_step_done(event)
+        if event.data_plane_lost:
+            self.lost()

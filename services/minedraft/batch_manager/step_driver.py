@@ -1,0 +1,279 @@
+"""The step loop: step plans out to both workers, the verifier's verdicts back to the requests.
+
+Plans run `pipeline_depth` steps ahead of the verifier so neither worker waits for a gRPC
+round trip; token payloads never pass through here except the verified tokens streamed
+back to the clients. Every plan goes to the verifier, and to the draft service whenever
+it is in the loop. What a step does depends on the mode and the draft service's state:
+- psd: two batches balanced by load; batch A drafts while batch B is verified, then they
+  swap (one batch empty degenerates to standard SD);
+- sd: one batch, a draft step then a verify step;
+- ar (or the draft service lost or paused by auto): every sequence verified every step,
+  without drafts;
+- auto: psd, pausing drafting while the recent mean accepted length is under
+  `auto_min_tokens_per_step`, probing again after `auto_probe_steps` steps.
+No token is decided here: the verifier's committed tokens are the truth, mirrored in step
+order. Policy changes and draft recovery first drain the loop (no plan in flight).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+
+from minedraft.batch_manager.admission import Admission
+from minedraft.batch_manager.backend import GenerationChunk, UnavailableError
+from minedraft.batch_manager.config import ManagerConfig
+from minedraft.batch_manager.draft_state import DraftState
+from minedraft.batch_manager.draft_supervisor import DraftSupervisor
+from minedraft.batch_manager.link import WorkerLink
+from minedraft.batch_manager.policy import TWO_BATCH_MODES, check_policy
+from minedraft.batch_manager.scheduler import TwoBatchScheduler
+from minedraft.batch_manager.step_stats import Counters
+from minedraft.core.codec import seq_spec
+from minedraft.core.errors import InvalidRequestError
+from minedraft.core.request import FINISH_ABORT, Request
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.tokenizer import Tokenizer
+from minedraft.proto import control_pb2
+
+log = logging.getLogger(__name__)
+AUTO_MIN_SAMPLES = 32  # speculative verifies auto mode needs before judging
+
+
+class StepDriver:
+    """Runs the loop over one verifier link and (optionally) one draft link."""
+
+    def __init__(self, config: ManagerConfig, tokenizer: Tokenizer, verifier: WorkerLink,
+                 draft: WorkerLink | None, admission: Admission) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.verifier = verifier
+        self.admission = admission
+        self.draft = DraftSupervisor(draft, verifier, self, lambda: self.config)
+        self.sched = TwoBatchScheduler(config.mode in TWO_BATCH_MODES, config.rebalance_threshold)
+        self.requests: dict[int, Request] = {}  # running, by id (a request's id is its sequence id)
+        self.chunks: dict[int, asyncio.Queue[GenerationChunk]] = {}
+        self.pending_remove: list[int] = []  # left since the last plan; the next plan frees their KV
+        self.draft_adds: list[control_pb2.SeqSpec] = []  # every running sequence, for a returned draft
+        self.eos_ids: frozenset[int] = frozenset()
+        self.step = 0  # the next plan's step
+        self.in_flight = 0  # plans the verifier has not answered yet
+        self.serving = False  # the verifier's stream is up
+        self.counters = Counters()
+        self._drafted_at: dict[int, int] = {}  # step -> draft tokens per sequence judged in it
+        self._holds = 0  # drains in progress; no plan is issued while > 0
+        self._stopping = False
+        self._wake = asyncio.Event()
+        self._last_verify_at = 0.0
+
+    # ----- plans out --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while not self._stopping:
+            if self._holds or self.in_flight >= self.config.pipeline_depth or not self._has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._issue_plan()
+
+    def _has_work(self) -> bool:
+        return bool(self.sched.seqs or self.admission.waiting or self.pending_remove or self.draft_adds)
+
+    def drafting_now(self) -> bool:
+        return self.draft.state.state is DraftState.DRAFTING and self.config.mode != "ar"
+
+    def _issue_plan(self) -> None:
+        adds = [self._start(req) for req in self.admission.admit(len(self.requests), self.config.max_num_seqs,
+                                                                 self.config.k)]
+        self.draft.state.resume_if_due(self.step)
+        with_drafts = self.drafting_now()
+        if with_drafts:
+            self.sched.rebalance()
+        batches = self.sched.plan(self.step, with_drafts)
+        to_draft = self.draft.state.connected  # it gets every plan and verdict, drafting or not
+        fields = {"step": self.step, "remove": self.pending_remove, "draft_batch": batches.draft,
+                  "verify_batch": batches.verify, "k": self.config.k, "with_drafts": with_drafts,
+                  "send_verdict": to_draft}
+        self.verifier.send(control_pb2.ControlMessage(plan=control_pb2.StepPlan(add=adds, **fields)))
+        if to_draft:
+            assert self.draft.link is not None
+            plan = control_pb2.StepPlan(add=[*self.draft_adds, *adds], **fields)
+            self.draft.link.send(control_pb2.ControlMessage(plan=plan))
+            self.draft_adds = []
+        self._drafted_at[self.step] = self.config.k if with_drafts else 0
+        self.counters.count_step(with_drafts, batches.draft, batches.verify)
+        self.pending_remove = []
+        self.in_flight += 1
+        self.step += 1
+
+    def _start(self, req: Request) -> control_pb2.SeqSpec:
+        self.requests[req.req_id] = req
+        self.sched.add(req.req_id, len(req.prompt_ids), req.params.max_tokens)
+        return seq_spec(req)
+
+    # ----- verdicts in ------------------------------------------------------------------
+
+    def on_verifier_event(self, event: control_pb2.WorkerEvent) -> None:
+        if event.step < 0:
+            self.draft.on_setup_reply("verifier", event)
+            return
+        if event.error:
+            log.error("verifier error at step %d: %s", event.step, event.error)
+        self.in_flight -= 1
+        now = time.perf_counter()
+        wall_ms = (now - self._last_verify_at) * 1000.0 if self._last_verify_at else 0.0
+        self._last_verify_at = now
+        self.counters.add_timing("verify", event.timing, wall_ms)
+        drafted = self._drafted_at.pop(event.step, 0)
+        if event.data_plane_lost:  # the verifier judged this step without drafts
+            drafted = 0
+        self._apply_verdicts(event.verdicts, drafted)
+        if event.data_plane_lost:
+            self.draft.lost()
+        if event.error:
+            self._fail_all(event.error)
+        self._judge_auto()
+        self._wake.set()
+
+    def _apply_verdicts(self, verdicts: control_pb2.Verdicts, drafted: int) -> None:
+        self.counters.add_verdicts(verdicts.counts, verdicts.accepted, drafted)
+        offset = 0
+        for seq_id, count, accepted in zip(verdicts.seq_ids, verdicts.counts, verdicts.accepted, strict=True):
+            tokens = list(verdicts.tokens[offset : offset + count])
+            offset += count
+            req = self.requests.get(seq_id)
+            if req is None or req.finished:
+                continue
+            req.stats.steps += 1
+            req.stats.drafted += drafted
+            req.stats.accepted += accepted
+            req.append_tokens(tokens, self.eos_ids, self.tokenizer)
+            self.sched.progress(seq_id, count)
+            self._notify(req)
+            if req.finished:
+                self._retire(req)
+
+    def _judge_auto(self) -> None:
+        """auto mode: pause drafting while recent speculative steps show it does not pay."""
+        if self.config.mode != "auto" or not self.drafting_now():
+            return
+        c = self.counters
+        if c.recent_samples >= AUTO_MIN_SAMPLES and c.recent_tokens_per_seq < self.config.auto_min_tokens_per_step:
+            self.draft.state.pause(until_step=self.step + self.config.auto_probe_steps)
+            c.reset_recent()
+            self.sched.restart_drafting()
+
+    # ----- requests ---------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[GenerationChunk]:
+        """Queue a request (its errors raise at the first `anext`), then stream its chunks until
+        one carries a finish reason; closing the iterator early aborts it."""
+        if not self.serving:
+            raise UnavailableError("the verifier is not connected (starting, or lost); retry shortly")
+        req = self.admission.submit(prompt_ids, params, self.config.k)
+        queue: asyncio.Queue[GenerationChunk] = asyncio.Queue()
+        self.chunks[req.req_id] = queue
+        self._wake.set()
+        try:
+            while True:
+                chunk = await queue.get()
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        finally:
+            self.chunks.pop(req.req_id, None)
+            if not req.finished:
+                self.abort(req)
+
+    def _notify(self, req: Request) -> None:
+        queue = self.chunks.get(req.req_id)
+        chunk = GenerationChunk.take_from(req)
+        if queue is not None and chunk is not None:
+            queue.put_nowait(chunk)
+
+    def _finish_and_notify(self, req: Request, reason: str) -> None:
+        req.finish(reason)
+        self._notify(req)
+        self._retire(req)
+
+    def _retire(self, req: Request) -> None:
+        """Leave both batches at once; the next plan frees its KV blocks on both workers."""
+        if self.requests.pop(req.req_id, None) is not None:
+            self.pending_remove.append(req.req_id)
+        self.sched.remove(req.req_id)
+        self.admission.release(req.req_id)
+        self._wake.set()
+
+    def abort(self, req: Request) -> None:
+        self.admission.withdraw(req)
+        req.finish(FINISH_ABORT)
+        self._retire(req)
+
+    def _fail_all(self, message: str) -> None:
+        log.error("verifier failed (%s); aborting running requests", message)
+        for req in list(self.requests.values()):
+            self._finish_and_notify(req, FINISH_ABORT)
+
+    def abort_everything(self) -> None:
+        for req in [*self.admission.take_all_waiting(), *self.requests.values()]:
+            self._finish_and_notify(req, FINISH_ABORT)
+
+    # ----- draining, live policy, lost workers ------------------------------------------
+
+    @asynccontextmanager
+    async def draining(self) -> AsyncIterator[None]:
+        """No new plan while held; entered once the verifier has answered every issued plan."""
+        self._holds += 1
+        try:
+            while self.in_flight > 0 and not self._stopping:
+                self._wake.clear()
+                await self._wake.wait()
+            yield
+        finally:
+            self._holds -= 1
+            self._wake.set()
+
+    async def apply_policy(self, changes: dict[str, object]) -> dict[str, object]:
+        """Change the live policy between two steps: drained first, so no step straddles it."""
+        changes = {name: value for name, value in changes.items() if value is not None}
+        check_policy(changes)
+        new = replace(self.config, **changes)
+        new.validate()
+        if self.draft.link is None and new.mode != "ar":
+            raise InvalidRequestError("this deployment has no draft service; only mode 'ar' is possible")
+        async with self.draining():
+            self.config = new
+            self.sched.use_two_batches(new.mode in TWO_BATCH_MODES)
+            self.sched.rebalance_threshold = new.rebalance_threshold
+            self.sched.restart_drafting()
+            if self.draft.state.state is DraftState.PAUSED_AUTO:
+                self.draft.state.to(DraftState.DRAFTING)
+        return new.policy()
+
+    def draft_left(self) -> None:
+        self.counters.fallbacks += 1
+        self.sched.restart_drafting()
+        self._wake.set()
+
+    def draft_back(self) -> None:
+        self.draft_adds = [seq_spec(req) for req in self.requests.values()]
+        self.sched.restart_drafting()
+        self.counters.recoveries += 1
+
+    def draft_step_done(self, event: control_pb2.WorkerEvent) -> None:
+        self.counters.add_timing("draft", event.timing)
+
+    def on_verifier_lost(self) -> None:
+        self.serving = False
+        self.in_flight = 0
+        self._drafted_at.clear()
+        self._fail_all("verifier control stream lost")
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
