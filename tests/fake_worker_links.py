@@ -121,6 +121,12 @@ class FakeWorkerLink:
         self._pause_at = step
         self.paused.clear()
 
+    def crash(self) -> None:
+        """The worker process dies: its stream ends and its memory is gone."""
+        self.up.clear()
+        self.seqs.clear()
+        self._end_stream()
+
     def resume(self) -> None:
         self._pause_at = None
         held, self._held = self._held, []
@@ -259,12 +265,10 @@ class FakeDraft(FakeWorkerLink):
 
     def kill(self) -> None:
         """The draft process dies: its stream ends, the data plane breaks, its memory is gone."""
-        self.up.clear()
         if self.cluster.plane is not None:
             self.cluster.plane.broken = True
-        self.seqs.clear()
         self.verdict_pending = False
-        self._end_stream()
+        self.crash()
 
     def restart(self) -> None:
         self.up.set()

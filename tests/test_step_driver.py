@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from minedraft.batch_manager.backend import UnavailableError
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.core.errors import InvalidRequestError
 from minedraft.core.tokenizer import Tokenizer
 from tests.fake_worker_links import greedy
-from tests.step_driver_support import Plan, Stack, drive, until, word_tokenizer
+from tests.step_driver_support import Plan, Stack, drive, word_tokenizer
 
 PROMPTS = [[5, 6, 7], [8, 9, 10], [11, 12, 13], [14, 15, 16]]
 
@@ -216,7 +217,8 @@ def test_a_live_policy_change_drains_the_loop_then_plans_with_the_new_mode_and_k
         runs = asyncio.ensure_future(run_all(stack, [12] * 4))
         await stack.verifier.paused.wait()
         change = asyncio.create_task(stack.coordinator.apply_policy(mode="sd", k=3))
-        await until(lambda: stack.driver._holds == 1)
+        for _ in range(100):
+            await asyncio.sleep(0)
         assert not change.done() and len(stack.verifier.plans) == 4  # waits for steps 2 and 3
         stack.verifier.resume()
         assert (await change)["mode"] == "sd"
@@ -237,6 +239,27 @@ def test_a_live_policy_change_drains_the_loop_then_plans_with_the_new_mode_and_k
             Plan(10, remove=(2, 4), **sd),
         ]
         assert stack.coordinator.config.policy()["k"] == 3
+        await stack.coordinator.stop()
+
+    drive(scenario)
+
+
+def test_a_lost_verifier_aborts_running_requests_and_refuses_new_ones_without_hanging(tokenizer) -> None:
+    async def scenario() -> None:
+        stack = Stack(tokenizer, config("psd"), all_right)
+        await stack.coordinator.start()
+        stack.verifier.pause_at(2)
+        stream = stack.stream(PROMPTS[0], 30)
+        assert (await anext(stream)).token_ids == greedy(PROMPTS[0], 3)
+        await stack.verifier.paused.wait()
+        stack.verifier.crash()  # step 2's verdict never comes
+        rest = [chunk async for chunk in stream]
+        assert [c.finish_reason for c in rest] == ["abort"] and rest[0].completion_tokens == 3
+        with pytest.raises(UnavailableError, match="verifier"):
+            await anext(stack.stream(PROMPTS[1], 5))
+        assert (await stack.coordinator.apply_policy(k=3))["k"] == 3  # nothing in flight to wait for
+        status = stack.coordinator.status()
+        assert (status["running"], status["reserved_blocks"]) == (0, 0)
         await stack.coordinator.stop()
 
     drive(scenario)

@@ -1,62 +1,55 @@
-"""OpenAI-compatible HTTP API (FastAPI) over any GenerationBackend.
+"""OpenAI-compatible HTTP API (FastAPI) over any GenerationBackend: routes and error mapping.
 
-Every request opens its backend stream and waits for the first chunk before answering,
-so validation and queue errors become proper 400/429 responses even with stream=true.
-A client that goes away closes the backend stream (which aborts the request and frees
-its KV cache) in both streaming and non-streaming mode.
+Every request opens its backend stream and waits for the first chunk before answering
+(`http_streams`), so validation and queue errors become proper 400/429 responses even with
+stream=true. A client that goes away closes the backend stream (which aborts the request
+and frees its KV cache) in both streaming and non-streaming mode.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Send
 
 from minedraft import __version__
 from minedraft.batch_manager.backend import GenerationBackend, GenerationChunk, QueueFullError, UnavailableError
 from minedraft.batch_manager.chat import chat_prompt_ids
+from minedraft.batch_manager.http_streams import (
+    ClientDisconnectedError,
+    chat_body,
+    chat_events,
+    collect,
+    completion_body,
+    completion_events,
+    open_stream,
+    race_disconnect,
+    sse_response,
+)
 from minedraft.batch_manager.openai_models import (
     DEFAULT_COMPLETION_MAX_TOKENS,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatDelta,
-    ChatMessageOut,
-    CompletionChoice,
     CompletionRequest,
-    CompletionResponse,
     ErrorDetail,
     ErrorResponse,
     ModelCard,
     ModelList,
-    UsageInfo,
 )
 from minedraft.core.errors import InvalidRequestError
-from minedraft.core.sampling_params import SamplingParams
 
-T = TypeVar("T")
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 _KNOWN_PARAMS = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
 
 
 class ModelNotFoundError(LookupError):
     """The request names a model this server does not serve (404, like OpenAI and vLLM)."""
-
-
-class ClientDisconnectedError(Exception):
-    """The HTTP client went away before the response was ready."""
 
 
 # ----- errors -----
@@ -113,145 +106,6 @@ def install_error_handlers(app: FastAPI) -> None:
     }
     for exc_type, handler in handlers.items():
         app.add_exception_handler(exc_type, handler)
-
-
-# ----- streams -----
-
-
-def sse(payload: BaseModel) -> str:
-    return f"data: {payload.model_dump_json()}\n\n"
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def race_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it (so its stream closes and the request aborts) if the client leaves first."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, watcher):
-            t.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
-    if task.cancelled():
-        raise ClientDisconnectedError
-    return task.result()
-
-
-async def open_stream(
-    request: Request, backend: GenerationBackend, prompt_ids: list[int], params: SamplingParams, request_id: str
-) -> AsyncIterator[GenerationChunk]:
-    """Start a request and wait for its first chunk, so errors surface before any response is sent.
-
-    Returns the whole stream (first chunk included) up to the chunk with a finish_reason.
-    """
-    stream = backend.generate(prompt_ids, params, request_id)
-    try:
-        first = await race_disconnect(request, anext(stream))
-    except BaseException:
-        await stream.aclose()  # type: ignore[attr-defined]
-        raise
-    return _chunks_from(first, stream)
-
-
-async def _chunks_from(
-    first: GenerationChunk, stream: AsyncIterator[GenerationChunk]
-) -> AsyncIterator[GenerationChunk]:
-    async with aclosing(stream):  # type: ignore[type-var]
-        chunk = first
-        yield chunk
-        while chunk.finish_reason is None:
-            chunk = await anext(stream)
-            yield chunk
-
-
-async def collect(chunks: AsyncIterator[GenerationChunk]) -> list[GenerationChunk]:
-    async with aclosing(chunks):  # type: ignore[type-var]
-        return [chunk async for chunk in chunks]
-
-
-class ClosingStreamingResponse(StreamingResponse):
-    """Closes the body generator even when a disconnect cancels the send loop mid-stream."""
-
-    async def stream_response(self, send: Send) -> None:
-        try:
-            await super().stream_response(send)
-        finally:
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
-
-
-async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Once headers are sent an error can only be reported in-band: an error event, then [DONE]."""
-    async with aclosing(events):  # type: ignore[type-var]
-        try:
-            async for event in events:
-                yield event
-        except Exception as exc:
-            yield sse(ErrorResponse(error=ErrorDetail(message=str(exc), type="server_error")))
-            yield "data: [DONE]\n\n"
-
-
-def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return ClosingStreamingResponse(guarded(events), media_type="text/event-stream", headers=headers)
-
-
-async def completion_events(
-    chunks: AsyncIterator[GenerationChunk], request_id: str, model: str, include_usage: bool
-) -> AsyncIterator[str]:
-    last: GenerationChunk | None = None
-    async with aclosing(chunks):  # type: ignore[type-var]
-        async for chunk in chunks:
-            last = chunk
-            if chunk.text or chunk.finish_reason:
-                choice = CompletionChoice(text=chunk.text, finish_reason=chunk.finish_reason)
-                yield sse(CompletionResponse(id=request_id, model=model, choices=[choice]))
-    if include_usage and last is not None:
-        usage = UsageInfo.of(last.prompt_tokens, last.completion_tokens)
-        yield sse(CompletionResponse(id=request_id, model=model, choices=[], usage=usage))
-    yield "data: [DONE]\n\n"
-
-
-async def chat_events(
-    chunks: AsyncIterator[GenerationChunk], request_id: str, model: str, include_usage: bool
-) -> AsyncIterator[str]:
-    def event(delta: ChatDelta, finish_reason: str | None = None) -> str:
-        choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
-        return sse(ChatCompletionChunk(id=request_id, model=model, choices=[choice]))
-
-    last: GenerationChunk | None = None
-    yield event(ChatDelta(role="assistant", content=""))
-    async with aclosing(chunks):  # type: ignore[type-var]
-        async for chunk in chunks:
-            last = chunk
-            if chunk.text:
-                yield event(ChatDelta(content=chunk.text))
-            if chunk.finish_reason:
-                yield event(ChatDelta(), chunk.finish_reason)
-    if include_usage and last is not None:
-        usage = UsageInfo.of(last.prompt_tokens, last.completion_tokens)
-        yield sse(ChatCompletionChunk(id=request_id, model=model, choices=[], usage=usage))
-    yield "data: [DONE]\n\n"
-
-
-def completion_body(request_id: str, model: str, chunks: list[GenerationChunk]) -> CompletionResponse:
-    last = chunks[-1]
-    choice = CompletionChoice(text="".join(c.text for c in chunks), finish_reason=last.finish_reason)
-    usage = UsageInfo.of(last.prompt_tokens, last.completion_tokens)
-    return CompletionResponse(id=request_id, model=model, choices=[choice], usage=usage)
-
-
-def chat_body(request_id: str, model: str, chunks: list[GenerationChunk]) -> ChatCompletionResponse:
-    last = chunks[-1]
-    message = ChatMessageOut(content="".join(c.text for c in chunks))
-    usage = UsageInfo.of(last.prompt_tokens, last.completion_tokens)
-    return ChatCompletionResponse(
-        id=request_id, model=model, choices=[ChatChoice(message=message, finish_reason=last.finish_reason)], usage=usage
-    )
 
 
 # ----- app -----

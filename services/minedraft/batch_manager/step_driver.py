@@ -74,7 +74,8 @@ class StepDriver:
 
     async def run(self) -> None:
         while not self._stopping:
-            if self._holds or self.in_flight >= self.config.pipeline_depth or not self._has_work():
+            idle = not self.serving or self._holds or self.in_flight >= self.config.pipeline_depth
+            if idle or not self._has_work():
                 self._wake.clear()
                 await self._wake.wait()
                 continue
