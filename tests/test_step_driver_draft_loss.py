@@ -10,6 +10,7 @@ import pytest
 
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.draft_state import DraftLinkState, DraftState, IllegalTransitionError
+from minedraft.batch_manager.draft_supervisor import link_transport
 from minedraft.core.tokenizer import Tokenizer
 from tests.fake_worker_links import greedy
 from tests.step_driver_support import Plan, Stack, drive, until, word_tokenizer
@@ -159,3 +160,15 @@ def test_without_a_draft_service_the_only_move_is_stopping() -> None:
     with pytest.raises(IllegalTransitionError):
         state.to(S.DRAFTING)
     state.to(S.STOPPING)
+
+
+@pytest.mark.parametrize(("reported", "backend", "expected"), [
+    (["P2P", "P2P"], "nccl", "P2P"),
+    (["nccl", "SHM"], "nccl", "SHM"),  # a TP>1 verifier may not see NCCL's report; the draft did
+    (["nccl", "nccl"], "nccl", "nccl"),
+    (["gloo", "gloo"], "gloo", "gloo"),
+    (["", ""], "gloo", "gloo"),  # workers that do not report: the configured backend
+])
+def test_the_link_transport_prefers_what_a_worker_read_from_nccl(reported: list[str], backend: str,
+                                                                  expected: str) -> None:
+    assert link_transport(reported, backend) == expected

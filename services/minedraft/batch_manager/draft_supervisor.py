@@ -26,6 +26,13 @@ INFO_TIMEOUT_S = 2.0  # how long one probe of a lost draft service waits for an 
 SETUP_SLACK_S = 10.0  # beyond the workers' own data-plane timeout
 
 
+def link_transport(reported: list[str], backend: str) -> str:
+    """The draft link's transport from both workers' setup replies (verifier's first): a named
+    one ("P2P", "SHM", "NET", "gloo") wins over "nccl" (a worker that could not read NCCL's report)."""
+    named = [t for t in reported if t and t != backend]
+    return named[0] if named else next((t for t in reported if t), backend)
+
+
 class DraftGoneError(ConnectionError):
     """The draft service's control stream ended while an epoch was forming."""
 
@@ -151,8 +158,7 @@ class DraftSupervisor:
             log.warning("data plane epoch %d did not form: %s", self.epoch, [str(r) for r in replies] or "timeout")
             await self.link.close_stream()
             return False
-        verifier_reply, draft_reply = events
-        self.transport = verifier_reply.transport or draft_reply.transport or cfg.data_plane_backend
+        self.transport = link_transport([e.transport for e in events], cfg.data_plane_backend)
         return True
 
     def on_setup_reply(self, role: str, event: control_pb2.WorkerEvent) -> None:
