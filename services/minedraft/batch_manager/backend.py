@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from minedraft.core.errors import MinedraftError
-from minedraft.core.request import Request
+from minedraft.core.request import Request, RequestStats
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 
@@ -33,6 +33,7 @@ class GenerationChunk:
     finish_reason: str | None  # None while running; "stop" | "length" | "abort" at the end
     prompt_tokens: int
     completion_tokens: int  # total so far
+    stats: RequestStats | None = None  # on the last chunk only: the request's timings, for its trace
 
     @classmethod
     def take_from(cls, req: Request) -> GenerationChunk | None:
@@ -40,7 +41,8 @@ class GenerationChunk:
         text, token_ids = req.take_delta()
         if not (text or token_ids or req.finished):
             return None
-        return cls(text, token_ids, req.finish_reason, len(req.prompt_ids), len(req.output_ids))
+        return cls(text, token_ids, req.finish_reason, len(req.prompt_ids), len(req.output_ids),
+                   req.stats if req.finished else None)
 
 
 class GenerationBackend(Protocol):

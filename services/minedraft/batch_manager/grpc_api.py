@@ -17,8 +17,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from minedraft.batch_manager.backend import GenerationBackend, GenerationChunk, QueueFullError, UnavailableError
+from minedraft.batch_manager.request_tracing import traced_stream
 from minedraft.core.codec import sampling_from_api
 from minedraft.core.errors import InvalidRequestError
+from minedraft.observability.tracing import RequestTracer
 from minedraft.proto import generation_pb2, generation_pb2_grpc
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name  # "minedraft.v1.Generation"
@@ -29,8 +31,9 @@ def _usage(chunk: GenerationChunk) -> generation_pb2.Usage:
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     """Maps backend errors to status codes: bad input -> INVALID_ARGUMENT, full -> RESOURCE_EXHAUSTED."""
 
-    def __init__(self, backend: GenerationBackend) -> None:
+    def __init__(self, backend: GenerationBackend, tracer: RequestTracer | None = None) -> None:
         self.backend = backend
+        self.tracer = tracer
 
     def _prompt_ids(self, request: generation_pb2.GenerateRequest) -> list[int]:
         kind = request.WhichOneof("prompt")
@@ -47,7 +50,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         request_id = request.request_id or f"req-{uuid.uuid4().hex}"
         params = sampling_from_api(request.sampling)
         try:
-            stream = self.backend.generate(self._prompt_ids(request), params, request_id)
+            carrier = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+            stream = traced_stream(self.backend.generate(self._prompt_ids(request), params, request_id), self.tracer,
+                                   "text_completion", carrier, request_id, params)
             async with aclosing(stream):
                 async for chunk in stream:
                     yield request_id, chunk
@@ -108,10 +113,11 @@ class GrpcServer:
         await self.server.stop(grace)
 
 
-def build_grpc_server(backend: GenerationBackend, host: str = "0.0.0.0", port: int = 50051) -> GrpcServer:
+def build_grpc_server(backend: GenerationBackend, host: str = "0.0.0.0", port: int = 50051,
+                      tracer: RequestTracer | None = None) -> GrpcServer:
     """Generation + grpc.health.v1 + reflection, bound but not started; port=0 lets the OS choose."""
     server = grpc.aio.server()
-    generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(backend), server)
+    generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(backend, tracer), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -42,7 +43,9 @@ from minedraft.batch_manager.openai_models import (
     ModelCard,
     ModelList,
 )
+from minedraft.batch_manager.request_tracing import traced_stream
 from minedraft.core.errors import InvalidRequestError
+from minedraft.observability.tracing import RequestTracer
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 _KNOWN_PARAMS = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
@@ -117,8 +120,9 @@ BodyFn = Callable[[str, str, list[GenerationChunk]], BaseModel]
 class OpenAIServer:
     """Route handlers bound to one backend."""
 
-    def __init__(self, backend: GenerationBackend) -> None:
+    def __init__(self, backend: GenerationBackend, tracer: RequestTracer | None = None) -> None:
         self.backend = backend
+        self.tracer = tracer
 
     def check_model(self, model: str | None) -> None:
         if model and model != self.backend.model_name:
@@ -155,7 +159,11 @@ class OpenAIServer:
     ) -> Response:
         request_id = f"{id_prefix}-{uuid.uuid4().hex}"
         model = self.backend.model_name
-        chunks = await open_stream(request, self.backend, ids, body.sampling_params(max_tokens), request_id)
+        params = body.sampling_params(max_tokens)
+        operation = "chat" if id_prefix == "chatcmpl" else "text_completion"
+        stream = traced_stream(self.backend.generate(ids, params, request_id), self.tracer, operation,
+                               dict(request.headers), request_id, params)
+        chunks = await open_stream(request, stream)
         if body.stream:
             return sse_response(events(chunks, request_id, model, body.wants_usage_in_stream))
         collected = await race_disconnect(request, collect(chunks))
@@ -170,12 +178,23 @@ def install_health_route(app: FastAPI, backend: GenerationBackend) -> None:
         return {"status": "ok", **backend.status()}
 
 
-def build_http_app(backend: GenerationBackend, serve_health: bool = True) -> FastAPI:
-    """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models and (unless an admin
-    port serves it) /health."""
+def install_metrics_route(app: FastAPI, registry: CollectorRegistry) -> None:
+    """GET /metrics: the Prometheus text format (vLLM's names plus minedraft's own)."""
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def build_http_app(backend: GenerationBackend, serve_health: bool = True, tracer: RequestTracer | None = None,
+                   metrics: CollectorRegistry | None = None) -> FastAPI:
+    """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /metrics (with a registry)
+    and (unless an admin port serves it) /health."""
     app = FastAPI(title="minedraft", version=__version__)
     app.state.backend = backend
-    server = OpenAIServer(backend)
+    server = OpenAIServer(backend, tracer)
+    if metrics is not None:
+        install_metrics_route(app, metrics)
     install_error_handlers(app)
     if serve_health:
         install_health_route(app, backend)

@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Send
 
-from minedraft.batch_manager.backend import GenerationBackend, GenerationChunk
+from minedraft.batch_manager.backend import GenerationChunk
 from minedraft.batch_manager.openai_models import (
     ChatChoice,
     ChatChunkChoice,
@@ -31,7 +31,6 @@ from minedraft.batch_manager.openai_models import (
     ErrorResponse,
     UsageInfo,
 )
-from minedraft.core.sampling_params import SamplingParams
 
 T = TypeVar("T")
 
@@ -64,14 +63,10 @@ async def race_disconnect(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-async def open_stream(
-    request: Request, backend: GenerationBackend, prompt_ids: list[int], params: SamplingParams, request_id: str
-) -> AsyncIterator[GenerationChunk]:
-    """Start a request and wait for its first chunk, so errors surface before any response is sent.
-
-    Returns the whole stream (first chunk included) up to the chunk with a finish_reason.
+async def open_stream(request: Request, stream: AsyncIterator[GenerationChunk]) -> AsyncIterator[GenerationChunk]:
+    """Start a request's backend stream and wait for its first chunk, so errors surface before any
+    response is sent. Returns the whole stream (first chunk included) up to the finishing chunk.
     """
-    stream = backend.generate(prompt_ids, params, request_id)
     try:
         first = await race_disconnect(request, anext(stream))
     except BaseException:

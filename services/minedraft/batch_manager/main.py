@@ -17,9 +17,13 @@ from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.batch_manager.grpc_api import build_grpc_server
 from minedraft.batch_manager.http_api import build_http_app
 from minedraft.batch_manager.policy import POLICY_FIELDS
+from minedraft.batch_manager.step_observer import MetricsObserver
 from minedraft.bundled import TINY_TARGET
 from minedraft.core.errors import InvalidRequestError
 from minedraft.core.tokenizer import Tokenizer
+from minedraft.observability.logs import configure_logging
+from minedraft.observability.metrics import ServingMetrics
+from minedraft.observability.tracing import RequestTracer, tracer_from_env
 from minedraft.worker.settings import env
 
 _DEFAULTS = {f.name: f.default for f in fields(ManagerConfig)}
@@ -70,7 +74,7 @@ def manager_config(args: argparse.Namespace) -> ManagerConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s batch-manager %(levelname)s %(message)s")
+    configure_logging("batch-manager")
     try:
         config = manager_config(args)
     except InvalidRequestError as exc:
@@ -89,10 +93,14 @@ async def serve(args: argparse.Namespace, config: ManagerConfig) -> int:
     tokenizer = Tokenizer(args.tokenizer)
     name = args.served_model_name or Path(args.tokenizer).name
     coordinator = Coordinator.over_grpc(tokenizer, name, args.verifier_address, args.draft_address or None, config)
+    metrics = ServingMetrics(name, coordinator.status)
+    coordinator.driver.observer = MetricsObserver(metrics)
+    traced = tracer_from_env("minedraft-batch-manager")
+    tracer = RequestTracer(traced, name) if traced is not None else None
     await coordinator.start()  # listen only once both workers answered and the data plane formed
-    grpc_server = build_grpc_server(coordinator, args.host, args.grpc_port)
+    grpc_server = build_grpc_server(coordinator, args.host, args.grpc_port, tracer)
     await grpc_server.start()
-    public = build_http_app(coordinator, serve_health=not args.admin_port)
+    public = build_http_app(coordinator, serve_health=not args.admin_port, tracer=tracer, metrics=metrics.registry)
     servers = [_http_server(public, args.host, args.http_port)]
     if args.admin_port:
         servers.append(_http_server(build_admin_app(coordinator), args.host, args.admin_port))

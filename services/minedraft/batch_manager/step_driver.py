@@ -32,6 +32,7 @@ from minedraft.batch_manager.draft_supervisor import DraftSupervisor
 from minedraft.batch_manager.link import WorkerLink
 from minedraft.batch_manager.policy import TWO_BATCH_MODES, check_policy
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
+from minedraft.batch_manager.step_observer import StepObserver
 from minedraft.batch_manager.step_stats import Counters
 from minedraft.core.codec import seq_spec
 from minedraft.core.errors import InvalidRequestError
@@ -64,7 +65,8 @@ class StepDriver:
         self.in_flight = 0  # plans the verifier has not answered yet
         self.serving = False  # the verifier's stream is up
         self.counters = Counters()
-        self._drafted_at: dict[int, int] = {}  # step -> draft tokens per sequence judged in it
+        self.observer = StepObserver()  # metrics hook (batch_manager/step_observer.py)
+        self._drafted_at: dict[int, tuple[int, str]] = {}  # step -> (drafts per sequence judged, kind)
         self._holds = 0  # drains in progress; no plan is issued while > 0
         self._stopping = False
         self._wake = asyncio.Event()
@@ -93,7 +95,7 @@ class StepDriver:
         self.draft.state.resume_if_due(self.step)
         with_drafts = self.drafting_now()
         if with_drafts:
-            self.sched.rebalance()
+            self.observer.moved(len(self.sched.rebalance()))
         batches = self.sched.plan(self.step, with_drafts)
         to_draft = self.draft.state.connected  # it gets every plan and verdict, drafting or not
         fields = {"step": self.step, "remove": self.pending_remove, "draft_batch": batches.draft,
@@ -105,14 +107,16 @@ class StepDriver:
             plan = control_pb2.StepPlan(add=[*self.draft_adds, *adds], **fields)
             self.draft.link.send(control_pb2.ControlMessage(plan=plan))
             self.draft_adds = []
-        self._drafted_at[self.step] = self.config.k if with_drafts else 0
-        self.counters.count_step(with_drafts, batches.draft, batches.verify)
+        kind = self.counters.count_step(with_drafts, batches.draft, batches.verify)
+        self._drafted_at[self.step] = (self.config.k if with_drafts else 0, kind)
         self.pending_remove = []
         self.in_flight += 1
         self.step += 1
 
     def _start(self, req: Request) -> control_pb2.SeqSpec:
         self.requests[req.req_id] = req
+        req.stats.admitted = time.perf_counter()
+        self.observer.request_started(req)
         self.sched.add(req.req_id, len(req.prompt_ids), req.params.max_tokens)
         return seq_spec(req)
 
@@ -129,7 +133,8 @@ class StepDriver:
         wall_ms = (now - self._last_verify_at) * 1000.0 if self._last_verify_at else 0.0
         self._last_verify_at = now
         self.counters.add_timing("verify", event.timing, wall_ms)
-        drafted = self._drafted_at.pop(event.step, 0)
+        drafted, kind = self._drafted_at.pop(event.step, (0, "ar"))
+        self.observer.verify_done(event, kind, wall_ms)
         if event.data_plane_lost:  # the verifier judged this step without drafts
             drafted = 0
         self._apply_verdicts(event.verdicts, drafted)
@@ -142,6 +147,8 @@ class StepDriver:
 
     def _apply_verdicts(self, verdicts: control_pb2.Verdicts, drafted: int) -> None:
         self.counters.add_verdicts(verdicts.counts, verdicts.accepted, drafted)
+        self.observer.verdicts(drafted, verdicts.accepted)
+        now = time.perf_counter()
         offset = 0
         for seq_id, count, accepted in zip(verdicts.seq_ids, verdicts.counts, verdicts.accepted, strict=True):
             tokens = list(verdicts.tokens[offset : offset + count])
@@ -152,7 +159,8 @@ class StepDriver:
             req.stats.steps += 1
             req.stats.drafted += drafted
             req.stats.accepted += accepted
-            req.append_tokens(tokens, self.eos_ids, self.tokenizer)
+            kept = req.append_tokens(tokens, self.eos_ids, self.tokenizer)
+            self.observer.tokens_verified(req, kept, req.stats.note_tokens(now) if kept else None)
             self.sched.progress(seq_id, count)
             self._notify(req)
             if req.finished:
@@ -205,6 +213,7 @@ class StepDriver:
         """Leave both batches at once; the next plan frees its KV blocks on both workers."""
         if self.requests.pop(req.req_id, None) is not None:
             self.pending_remove.append(req.req_id)
+            self.observer.request_retired(req)
         self.sched.remove(req.req_id)
         self.admission.release(req.req_id)
         self._wake.set()
@@ -257,6 +266,7 @@ class StepDriver:
 
     def draft_left(self) -> None:
         self.counters.fallbacks += 1
+        self.observer.fell_back()
         self.sched.restart_drafting()
         self._wake.set()
 
@@ -267,6 +277,7 @@ class StepDriver:
 
     def draft_step_done(self, event: control_pb2.WorkerEvent) -> None:
         self.counters.add_timing("draft", event.timing)
+        self.observer.draft_done(event)
 
     def on_verifier_lost(self) -> None:
         self.serving = False

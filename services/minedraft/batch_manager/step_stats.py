@@ -40,14 +40,16 @@ class Counters:
             for count in counts:
                 self.note_speculative_tokens(count)
 
-    def count_step(self, with_drafts: bool, draft: Sequence[int], verify: Sequence[int]) -> None:
-        """One issued plan, by kind: psd (both batches busy), sd (one of them) or ar."""
+    def count_step(self, with_drafts: bool, draft: Sequence[int], verify: Sequence[int]) -> str:
+        """One issued plan, by kind: psd (both batches busy), sd (one of them) or ar; returns the kind."""
         if not with_drafts:
             self.ar_steps += bool(verify)
-        elif draft and verify:
+            return "ar"
+        if draft and verify:
             self.psd_steps += 1
-        elif draft or verify:
-            self.sd_steps += 1
+            return "psd"
+        self.sd_steps += bool(draft or verify)
+        return "sd"
 
     def reset_recent(self) -> None:
         self.recent_tokens_per_seq = 0.0

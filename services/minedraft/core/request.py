@@ -19,13 +19,33 @@ FINISH_ABORT = "abort"
 
 @dataclass(slots=True)
 class RequestStats:
-    """Per-request speculation counters and timings."""
+    """Per-request speculation counters and timings.
+
+    Times are `time.perf_counter()` readings (durations); `started_ns` anchors them to the wall
+    clock for traces, whose timestamps must be epoch nanoseconds.
+    """
 
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
     started: float = field(default_factory=time.perf_counter)
+    started_ns: int = field(default_factory=time.time_ns)
+    admitted: float | None = None  # left the queue for a batch
+    first_token: float | None = None  # first output tokens verified
+    last_token: float | None = None
     finished: float | None = None
+
+    def note_tokens(self, now: float) -> float | None:
+        """Tokens arrived at `now`: the time since the previous ones, or None for the first."""
+        previous = self.last_token
+        if self.first_token is None:
+            self.first_token = now
+        self.last_token = now
+        return None if previous is None else now - previous
+
+    def wall_ns(self, reading: float | None) -> int | None:
+        """A perf_counter reading of this request as epoch nanoseconds."""
+        return None if reading is None else self.started_ns + int((reading - self.started) * 1e9)
 
     @property
     def acceptance_rate(self) -> float:
