@@ -75,5 +75,7 @@ def _timeline(tracer: trace.Tracer, span: Span, stats: RequestStats) -> None:
         span.add_event("gen_ai.first_token", timestamp=first)
         span.set_attribute("gen_ai.server.time_to_first_token", (first - start) / 1e9)
     span.set_attribute("minedraft.steps", stats.steps)
+    span.set_attribute("minedraft.first_step", stats.first_step)  # joins with the workers' sampled step spans
+    span.set_attribute("minedraft.last_step", stats.last_step)
     span.set_attribute("minedraft.draft_tokens", stats.drafted)
     span.set_attribute("minedraft.accepted_tokens", stats.accepted)

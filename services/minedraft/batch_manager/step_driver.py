@@ -137,7 +137,7 @@ class StepDriver:
         self.observer.verify_done(event, kind, wall_ms)
         if event.data_plane_lost:  # the verifier judged this step without drafts
             drafted = 0
-        self._apply_verdicts(event.verdicts, drafted)
+        self._apply_verdicts(event.verdicts, drafted, event.step)
         if event.data_plane_lost:
             self.draft.lost()
         if event.error:
@@ -145,7 +145,7 @@ class StepDriver:
         self._judge_auto()
         self._wake.set()
 
-    def _apply_verdicts(self, verdicts: control_pb2.Verdicts, drafted: int) -> None:
+    def _apply_verdicts(self, verdicts: control_pb2.Verdicts, drafted: int, step: int) -> None:
         self.counters.add_verdicts(verdicts.counts, verdicts.accepted, drafted)
         self.observer.verdicts(drafted, verdicts.accepted)
         now = time.perf_counter()
@@ -160,7 +160,7 @@ class StepDriver:
             req.stats.drafted += drafted
             req.stats.accepted += accepted
             kept = req.append_tokens(tokens, self.eos_ids, self.tokenizer)
-            self.observer.tokens_verified(req, kept, req.stats.note_tokens(now) if kept else None)
+            self.observer.tokens_verified(req, kept, req.stats.note_tokens(now, step) if kept else None)
             self.sched.progress(seq_id, count)
             self._notify(req)
             if req.finished:

@@ -46,6 +46,7 @@ class StackConfig:
     target_cpu: str = ""
     draft_cpu: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
+    process_env: dict[str, dict[str, str]] = field(default_factory=dict)  # by process name, e.g. {"draft": {...}}
     # Module run with `python -m` for the verifier and draft processes; the GPU benchmark swaps in
     # minedraft.bench.synthetic_workers (same flags, a synthetic model loader).
     worker_module: str = "minedraft.cli.main"
@@ -61,7 +62,7 @@ class LocalStack:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def _spawn(self, name: str, args: list[str], module: str = "minedraft.cli.main") -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.extra_env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.extra_env, **self.cfg.process_env.get(name, {})}
         log = None
         if self.cfg.log_dir is not None:
             self.cfg.log_dir.mkdir(parents=True, exist_ok=True)

@@ -34,13 +34,17 @@ class RequestStats:
     first_token: float | None = None  # first output tokens verified
     last_token: float | None = None
     finished: float | None = None
+    first_step: int = -1  # the loop's step ids that verified this request's first and last tokens
+    last_step: int = -1
 
-    def note_tokens(self, now: float) -> float | None:
-        """Tokens arrived at `now`: the time since the previous ones, or None for the first."""
+    def note_tokens(self, now: float, step: int) -> float | None:
+        """Tokens verified in `step` arrived at `now`: the time since the previous ones, or None for the first."""
         previous = self.last_token
         if self.first_token is None:
             self.first_token = now
+            self.first_step = step
         self.last_token = now
+        self.last_step = step
         return None if previous is None else now - previous
 
     def wall_ns(self, reading: float | None) -> int | None:

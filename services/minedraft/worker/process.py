@@ -10,11 +10,16 @@ from collections.abc import Callable
 from typing import Protocol
 
 import torch
+from prometheus_client import start_http_server
 
 from minedraft.engine.loader import load_model, parse_dtype
 from minedraft.engine.model import CausalLM
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.tensor_parallel import TPContext
+from minedraft.observability.logs import configure_logging
+from minedraft.observability.tracing import tracer_from_env
+from minedraft.observability.worker_telemetry import WorkerTelemetry
+from minedraft.worker.nccl_report import nccl_log
 from minedraft.worker.server import StepExecutor, serve_worker
 from minedraft.worker.settings import pin_cpus
 
@@ -34,7 +39,9 @@ def wait_for_signal() -> None:
 
 
 def prepare_process(args: argparse.Namespace, name: str) -> None:
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    configure_logging(name)
+    if args.device.startswith("cuda"):
+        nccl_log()  # NCCL reads its debug settings once: before any group forms (TP ranks form one early)
     pin_cpus(args.cpu)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -53,13 +60,25 @@ def load_runner(args: argparse.Namespace, tp: TPContext | None = None, load: Mod
     return ModelRunner(model, args.num_blocks, args.block_size, args.device)
 
 
+def worker_telemetry(args: argparse.Namespace, executor: StepExecutor) -> WorkerTelemetry | None:
+    """Metrics on --metrics-port and sampled step spans when OTEL_* asks; None (no cost) when neither."""
+    tracer = tracer_from_env(f"minedraft-{executor.role}")
+    if not args.metrics_port and tracer is None:
+        return None
+    telemetry = WorkerTelemetry(executor.role, executor.info, tracer, args.trace_step_every)
+    if args.metrics_port:
+        start_http_server(args.metrics_port, args.host, registry=telemetry.registry)
+        logging.info("metrics on http://%s:%d/metrics", args.host, args.metrics_port)
+    return telemetry
+
+
 def run_worker(
     args: argparse.Namespace, name: str, make_executor: Callable[[ModelRunner], StepExecutor],
     tp: TPContext | None = None, load: ModelLoader = load_model,
 ) -> int:
     """Load the model, serve the control plane until a signal, then stop cleanly."""
     executor = make_executor(load_runner(args, tp, load))
-    server, port = serve_worker(executor, args.host, args.port)
+    server, port = serve_worker(executor, args.host, args.port, worker_telemetry(args, executor))
     logging.info("%s ready on %s:%d", name, args.host, port)
     wait_for_signal()
     server.stop(grace=2).wait()

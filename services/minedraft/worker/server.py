@@ -22,6 +22,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from minedraft.observability.worker_telemetry import WorkerTelemetry
 from minedraft.proto import control_pb2, control_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,9 @@ class StepExecutor(Protocol):
 class WorkerServicer(control_pb2_grpc.WorkerServicer):
     """One batch manager at a time drives the executor; a new stream resets its state."""
 
-    def __init__(self, executor: StepExecutor) -> None:
+    def __init__(self, executor: StepExecutor, telemetry: WorkerTelemetry | None = None) -> None:
         self.executor = executor
+        self.telemetry = telemetry
         self._lock = threading.Lock()
 
     def Info(self, request: control_pb2.InfoRequest, context: grpc.ServicerContext) -> control_pb2.WorkerInfo:
@@ -85,8 +87,11 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
                     waited = (time.perf_counter() - idle_since) * 1000.0 if idle_since is not None else 0.0
                     if profiler is not None and msg.plan.step == profile_from_step():
                         profiler.enable()
+                    started_ns = time.time_ns()
                     event = self.executor.handle_plan(msg.plan)
                     event.timing.plan_wait_ms = waited
+                    if self.telemetry is not None:
+                        self.telemetry.step(msg.plan, event, started_ns, time.time_ns())
                     events.put(event)
                     idle_since = time.perf_counter()
                 elif kind == "setup":
@@ -130,10 +135,11 @@ def bind_thread_to_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
-def serve_worker(executor: StepExecutor, host: str, port: int) -> tuple[grpc.Server, int]:
+def serve_worker(executor: StepExecutor, host: str, port: int,
+                 telemetry: WorkerTelemetry | None = None) -> tuple[grpc.Server, int]:
     """Start the control server (with gRPC health checking); returns it and its bound port."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    control_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(executor), server)
+    control_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(executor, telemetry), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")

@@ -29,6 +29,10 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                         help="torch CPU threads, 0 = torch default [MINEDRAFT_THREADS]")
     parser.add_argument("--cpu", default=env("CPU", ""),
                         help="pin this process to these CPU cores, e.g. 0 or 0-3 [MINEDRAFT_CPU]")
+    parser.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0")),
+                        help="serve this worker's Prometheus /metrics here, 0 = off [MINEDRAFT_METRICS_PORT]")
+    parser.add_argument("--trace-step-every", type=int, default=int(env("TRACE_STEP_EVERY", "100")),
+                        help="with tracing on (OTEL_*), one step span per this many steps [MINEDRAFT_TRACE_STEP_EVERY]")
     if role == "verifier":
         parser.add_argument("--tp-size", type=int, default=int(env("TP_SIZE", "1")),
                             help="tensor-parallel ranks of the verifier [MINEDRAFT_TP_SIZE]")
