@@ -48,6 +48,8 @@ def add_manager_flags(p: argparse.ArgumentParser) -> None:
     add_policy_flags(p)
     p.add_argument("--max-queue", type=int, default=int(env("MAX_QUEUE", str(_DEFAULTS["max_queue"]))),
                    help="waiting requests before 429 [MINEDRAFT_MAX_QUEUE]")
+    p.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=env("METRICS", "1") != "0",
+                   help="Prometheus /metrics on the HTTP port (--no-metrics: none, no recording) [MINEDRAFT_METRICS]")
     p.add_argument("--data-plane-backend", choices=DATA_PLANE_BACKENDS, default=env("DATA_PLANE_BACKEND", "gloo"),
                    help="gloo (CPU) or nccl (GPU) [MINEDRAFT_DATA_PLANE_BACKEND]")
 
@@ -93,14 +95,16 @@ async def serve(args: argparse.Namespace, config: ManagerConfig) -> int:
     tokenizer = Tokenizer(args.tokenizer)
     name = args.served_model_name or Path(args.tokenizer).name
     coordinator = Coordinator.over_grpc(tokenizer, name, args.verifier_address, args.draft_address or None, config)
-    metrics = ServingMetrics(name, coordinator.status)
-    coordinator.driver.observer = MetricsObserver(metrics)
+    metrics = ServingMetrics(name, coordinator.status) if args.metrics else None
+    if metrics is not None:
+        coordinator.driver.observer = MetricsObserver(metrics)
     traced = tracer_from_env("minedraft-batch-manager")
     tracer = RequestTracer(traced, name) if traced is not None else None
     await coordinator.start()  # listen only once both workers answered and the data plane formed
     grpc_server = build_grpc_server(coordinator, args.host, args.grpc_port, tracer)
     await grpc_server.start()
-    public = build_http_app(coordinator, serve_health=not args.admin_port, tracer=tracer, metrics=metrics.registry)
+    public = build_http_app(coordinator, serve_health=not args.admin_port, tracer=tracer,
+                            metrics=metrics.registry if metrics is not None else None)
     servers = [_http_server(public, args.host, args.http_port)]
     if args.admin_port:
         servers.append(_http_server(build_admin_app(coordinator), args.host, args.admin_port))
