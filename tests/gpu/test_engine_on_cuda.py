@@ -75,7 +75,7 @@ def test_greedy_sd_agrees_with_ar_and_frees_every_block(dtype: torch.dtype, cuda
 
 
 @pytest.fixture(scope="module")
-def tp_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackConfig]:
+def tp_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA devices")
     logs: Path = tmp_path_factory.mktemp("tp_logs")
@@ -86,7 +86,7 @@ def tp_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackConfig]:
     stack = LocalStack(cfg)
     try:
         stack.start(timeout=240)
-        yield cfg
+        yield stack
     except Exception:
         for f in sorted(logs.glob("*.log")):
             print(f"--- {f.name}\n" + "\n".join(f.read_text(errors="ignore").splitlines()[-15:]))
@@ -107,10 +107,10 @@ def single_gpu_ar_outputs() -> tuple[list[list[int]], list[list[int]]]:
 
 
 @pytest.mark.parametrize("mode", ["psd", "sd", "ar"])
-def test_tensor_parallel_stack_equals_single_gpu_ar(mode: str, tp_stack: StackConfig,
+def test_tensor_parallel_stack_equals_single_gpu_ar(mode: str, tp_stack: LocalStack,
                                                     single_gpu_ar_outputs: tuple[list[list[int]], list[list[int]]]
                                                     ) -> None:
     prompts, expected = single_gpu_ar_outputs
-    put_policy(tp_stack.http_port, mode=mode)
-    got, _ = asyncio.run(generate_all(tp_stack.grpc_port, prompts, 40))
+    put_policy(tp_stack.admin_port, mode=mode)
+    got, _ = asyncio.run(generate_all(tp_stack.cfg.grpc_port, prompts, 40))
     assert got == expected

@@ -12,19 +12,9 @@ from pathlib import Path
 import torch
 
 from minedraft.bench.workload import code_prompts
-from minedraft.cli.options import add_model_flags
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.llm_engine import EngineConfig, LLMEngine
 from minedraft.engine.loader import parse_dtype
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    add_model_flags(p)
-    p.add_argument("--batch-sizes", default="1,4,16", help="comma-separated concurrent request counts")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3, help="alternating AR/SD rounds; medians are reported")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
-    p.add_argument("--json-out", help="write the raw results here")
 
 
 @dataclass(slots=True)

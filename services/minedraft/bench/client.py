@@ -18,9 +18,9 @@ def fetch_status(port: int, host: str = "127.0.0.1") -> dict:
         return json.loads(r.read())
 
 
-def put_policy(port: int, host: str = "127.0.0.1", **policy: object) -> dict:
-    """PUT /admin/policy on a batch manager (it drains in-flight steps before answering)."""
-    req = urllib.request.Request(f"http://{host}:{port}/admin/policy", json.dumps(policy).encode(),
+def put_policy(admin_port: int, host: str = "127.0.0.1", **policy: object) -> dict:
+    """PUT /admin/policy on a batch manager's admin port (it drains in-flight steps before answering)."""
+    req = urllib.request.Request(f"http://{host}:{admin_port}/admin/policy", json.dumps(policy).encode(),
                                  {"Content-Type": "application/json"}, method="PUT")
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())

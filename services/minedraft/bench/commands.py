@@ -6,21 +6,37 @@
     minedraft bench gpu [flags]         the GPU sweep (gpu/sweep.py)
     minedraft bench gpu-report FILE     re-render a sweep's results.json (gpu/report.py)
     minedraft bench kernels             time the Triton attention kernel (gpu/attention_kernels.py)
+
+A benchmark's module (and torch with it) is imported when its command runs, not when the
+parser is built.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Callable
 
-from minedraft.bench import ar_vs_sd, sd_vs_psd
-from minedraft.bench.gpu import attention_kernels, report, sweep
+from minedraft.bench import flags
 
-BENCHMARKS = {
-    "psd": (sd_vs_psd, "standard SD vs PSD through the three services"),
-    "gpu": (sweep, "the GPU sweep: AR / SD / PSD over acceptance, k and m (CUDA)"),
-    "gpu-report": (report, "markdown tables and a plot from a GPU sweep's results.json"),
-    "kernels": (attention_kernels, "decode/verify timing of the Triton attention kernel (CUDA)"),
+Runner = Callable[[argparse.Namespace], int]
+
+NAMED = {  # name: (module with run(args), flags, help)
+    "psd": ("minedraft.bench.sd_vs_psd", flags.add_sd_vs_psd_flags, "standard SD vs PSD through the three services"),
+    "gpu": ("minedraft.bench.gpu.sweep", flags.add_gpu_sweep_flags,
+            "the GPU sweep: AR / SD / PSD over acceptance, k and m (CUDA)"),
+    "gpu-report": ("minedraft.bench.gpu.report", flags.add_gpu_report_flags,
+                   "markdown tables and a plot from a GPU sweep's results.json"),
+    "kernels": ("minedraft.bench.gpu.attention_kernels", flags.add_kernel_timing_flags,
+                "decode/verify timing of the Triton attention kernel (CUDA)"),
 }
+
+
+def runner(module: str) -> Runner:
+    def run(args: argparse.Namespace) -> int:
+        return int(importlib.import_module(module).run(args) or 0)
+
+    return run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,14 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Without a benchmark name: AR vs standard SD in one process. Flags given before a "
                     "benchmark name belong to that default comparison.",
     )
-    ar_vs_sd.add_flags(bench)
-    bench.set_defaults(run=ar_vs_sd.run)
-    named = bench.add_subparsers(dest="benchmark", metavar="{" + ",".join(BENCHMARKS) + "}")
-    for name, (module, text) in BENCHMARKS.items():
-        p = named.add_parser(name, help=text, description=module.__doc__,
-                             formatter_class=argparse.RawDescriptionHelpFormatter)
-        module.add_flags(p)
-        p.set_defaults(run=module.run)
+    flags.add_ar_vs_sd_flags(bench)
+    bench.set_defaults(run=runner("minedraft.bench.ar_vs_sd"))
+    named = bench.add_subparsers(dest="benchmark", metavar="{" + ",".join(NAMED) + "}")
+    for name, (module, add_flags, text) in NAMED.items():
+        p = named.add_parser(name, help=text, description=text)
+        add_flags(p)
+        p.set_defaults(run=runner(module))
     alias = sub.add_parser("bench-psd", help="standard SD vs PSD through the three services (= bench psd)")
-    sd_vs_psd.add_flags(alias)
-    alias.set_defaults(run=sd_vs_psd.run)
+    flags.add_sd_vs_psd_flags(alias)
+    alias.set_defaults(run=runner("minedraft.bench.sd_vs_psd"))

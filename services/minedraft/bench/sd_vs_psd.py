@@ -16,7 +16,6 @@ from pathlib import Path
 
 from minedraft.bench.client import fetch_status, run_workload, step_delta
 from minedraft.bench.workload import code_prompts
-from minedraft.bundled import TINY_DRAFT, TINY_TARGET
 from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
 from minedraft.core.tokenizer import Tokenizer
 
@@ -26,18 +25,6 @@ class Setup:
     name: str
     mode: str
     concurrency: int
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=str(TINY_TARGET))
-    p.add_argument("--draft", default=str(TINY_DRAFT))
-    p.add_argument("--k", type=int, default=4)
-    p.add_argument("--concurrency", type=int, default=16, help="total concurrency m (PSD: m/2 + m/2)")
-    p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--target-cpu", default="0")
-    p.add_argument("--draft-cpu", default="1")
-    p.add_argument("--json-out", help="write raw results here")
 
 
 def measure(args: argparse.Namespace, setup: Setup, prompts: list[list[int]]) -> dict[str, float]:

@@ -7,13 +7,9 @@ import json
 import sys
 from dataclasses import replace
 
-from tqdm import tqdm
-
 from minedraft.cli.options import add_model_flags, add_sampling_flags, sampling_from_args
 from minedraft.core.errors import InvalidRequestError
 from minedraft.core.request import Request
-from minedraft.engine.engine import EngineConfig, LLMEngine
-from minedraft.engine.loader import parse_dtype
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,6 +53,13 @@ def result_record(req: Request) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The engine (torch, tqdm: the worker extra) is imported when the command runs: building the
+    # parser must not need it.
+    from tqdm import tqdm
+
+    from minedraft.engine.llm_engine import EngineConfig, LLMEngine
+    from minedraft.engine.loader import parse_dtype
+
     config = EngineConfig(
         mode=args.mode, k=args.k, max_num_seqs=args.max_num_seqs, device=args.device, dtype=parse_dtype(args.dtype)
     )

@@ -18,10 +18,6 @@ from minedraft.core.errors import MinedraftError
 BLOCK_SIZE = 16
 
 
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sweep-splits", action="store_true", help="also time forced key-split counts")
-
-
 def time_graph(qs, kc, vc, tables, starts, qlens, outs, splits: int | None, scale: float) -> float:
     """Milliseconds per launch of a captured graph of `len(qs)` launches."""
     import triton

@@ -108,11 +108,6 @@ def write_report(results: dict, out_dir: Path) -> Path:
     return path
 
 
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("results", help="results.json of `minedraft bench gpu`")
-    p.add_argument("--out", help="folder for results.md and throughput.png (default: beside results.json)")
-
-
 def run(args: argparse.Namespace) -> int:
     src = Path(args.results)
     out = Path(args.out) if args.out else src.parent

@@ -82,7 +82,8 @@ def services_sweep(args: argparse.Namespace, pair: BenchPair, log_dir: Path, ks:
                     return rows, nccl_transport(log_dir)
                 for name, mode, per_m in CONFIGS:
                     conc = per_m * m
-                    put_policy(cfg.http_port, mode=mode, k=k, max_num_seqs=conc, pipeline_depth=args.pipeline_depth)
+                    put_policy(stack.admin_port, mode=mode, k=k, max_num_seqs=conc,
+                               pipeline_depth=args.pipeline_depth)
                     row = stack_run(stack, random_prompts(conc, seed=m), args.max_tokens)
                     row.update(config=name, k=k, m=m, concurrency=conc, gpus=args.tp_size + 1, alpha=pair.alpha,
                                tp_size=args.tp_size, pipeline_depth=args.pipeline_depth)

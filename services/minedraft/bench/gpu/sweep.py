@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from minedraft.bench.flags import add_gpu_sweep_flags
 from minedraft.bench.gpu.inprocess import calibrate, inprocess_sweep
 from minedraft.bench.gpu.pairs import TINY_ALPHA, bench_pair
 from minedraft.bench.gpu.report import write_report
@@ -32,38 +32,10 @@ from minedraft.bench.gpu.timing import ceilings, log
 from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic
 
 
-def int_list(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
-
-
-def add_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default=os.environ.get("OUT", "bench_out"), help="results folder [$OUT]")
-    p.add_argument("--shape", default="llama3-8b", help="synthetic pair shape: llama3-8b | tiny")
-    p.add_argument("--draft-layers", type=int, default=4)
-    p.add_argument("--acceptance", default="0.5,0.7,0.9")
-    p.add_argument("--alphas", default="", help="skip calibration: comma list matching --acceptance")
-    p.add_argument("--ks", type=int_list, default=[2, 4, 6])
-    p.add_argument("--ms", type=int_list, default=[8, 16, 32, 64])
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--num-blocks", type=int, default=2048)
-    p.add_argument("--full-grid", type=float, default=0.7, help="acceptance level that gets the whole k x m grid")
-    p.add_argument("--small-ks", type=int_list, default=[4], help="k values at the other acceptance levels")
-    p.add_argument("--small-ms", type=int_list, default=[16, 64], help="m values at the other acceptance levels")
-    p.add_argument("--deadline-s", type=float, default=1e9, help="start no new phase after this many seconds")
-    p.add_argument("--tp-size", type=int, default=1,
-                   help="target ranks for the services half: GPUs 0..tp-1 verify, GPU tp drafts")
-    p.add_argument("--skip-inprocess", action="store_true", help="only the three-service half")
-    p.add_argument("--skip-services", action="store_true")
-    p.add_argument("--skip-hf", action="store_true")
-    p.add_argument("--pipeline-depth", type=int, default=2, help="plans in flight ahead of the verifier")
-    p.add_argument("--profile-host", action="store_true", help="finish with a cProfile'd PSD run (k=4, m=16)")
-    p.add_argument("--tiny", action="store_true", help="also run the bundled tiny pair (k=4, --small-ms)")
-
-
 def recorded_args(args: argparse.Namespace) -> dict[str, object]:
     """This sweep's settings (not the other `minedraft bench` flags the namespace carries)."""
     own = argparse.ArgumentParser()
-    add_flags(own)
+    add_gpu_sweep_flags(own)
     return {k: v for k, v in vars(args).items() if k in vars(own.parse_args([])) and k != "out"}
 
 

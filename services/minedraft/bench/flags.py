@@ -1,0 +1,68 @@
+"""The benchmarks' command-line flags, apart from their code: building the `minedraft` parser must
+not import torch (the batch-manager image runs the same command without it)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from minedraft.bundled import TINY_DRAFT, TINY_TARGET
+from minedraft.cli.options import add_model_flags
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def add_ar_vs_sd_flags(p: argparse.ArgumentParser) -> None:
+    add_model_flags(p)
+    p.add_argument("--batch-sizes", default="1,4,16", help="comma-separated concurrent request counts")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="alternating AR/SD rounds; medians are reported")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    p.add_argument("--json-out", help="write the raw results here")
+
+
+def add_sd_vs_psd_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=str(TINY_TARGET))
+    p.add_argument("--draft", default=str(TINY_DRAFT))
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=16, help="total concurrency m (PSD: m/2 + m/2)")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--target-cpu", default="0")
+    p.add_argument("--draft-cpu", default="1")
+    p.add_argument("--json-out", help="write raw results here")
+
+
+def add_gpu_sweep_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default=os.environ.get("OUT", "bench_out"), help="results folder [$OUT]")
+    p.add_argument("--shape", default="llama3-8b", help="synthetic pair shape: llama3-8b | tiny")
+    p.add_argument("--draft-layers", type=int, default=4)
+    p.add_argument("--acceptance", default="0.5,0.7,0.9")
+    p.add_argument("--alphas", default="", help="skip calibration: comma list matching --acceptance")
+    p.add_argument("--ks", type=int_list, default=[2, 4, 6])
+    p.add_argument("--ms", type=int_list, default=[8, 16, 32, 64])
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--num-blocks", type=int, default=2048)
+    p.add_argument("--full-grid", type=float, default=0.7, help="acceptance level that gets the whole k x m grid")
+    p.add_argument("--small-ks", type=int_list, default=[4], help="k values at the other acceptance levels")
+    p.add_argument("--small-ms", type=int_list, default=[16, 64], help="m values at the other acceptance levels")
+    p.add_argument("--deadline-s", type=float, default=1e9, help="start no new phase after this many seconds")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="target ranks for the services half: GPUs 0..tp-1 verify, GPU tp drafts")
+    p.add_argument("--skip-inprocess", action="store_true", help="only the three-service half")
+    p.add_argument("--skip-services", action="store_true")
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--pipeline-depth", type=int, default=2, help="plans in flight ahead of the verifier")
+    p.add_argument("--profile-host", action="store_true", help="finish with a cProfile'd PSD run (k=4, m=16)")
+    p.add_argument("--tiny", action="store_true", help="also run the bundled tiny pair (k=4, --small-ms)")
+
+
+def add_gpu_report_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results", help="results.json of `minedraft bench gpu`")
+    p.add_argument("--out", help="folder for results.md and throughput.png (default: beside results.json)")
+
+
+def add_kernel_timing_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sweep-splits", action="store_true", help="also time forced key-split counts")
