@@ -2,16 +2,16 @@
 run on the CPU under Triton's interpreter in a quick mode (fewer, smaller cases; triton must be
 installed) and the engine tests skip.
 
-The interpreter is chosen by TRITON_INTERPRET=1, which Triton reads when a kernel module is
-imported (and again at launch): `kernel_device` sets it for the session and imports the kernel
-modules under it, so the tests import the kernels inside the test functions, never at module level.
+The interpreter is chosen by TRITON_INTERPRET=1, which Triton reads when triton.language and each
+kernel module are imported (and again at launch): in that mode `pytest_configure` sets it for the
+session, before any test runs, and the tests import the kernels inside the test functions.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -48,30 +48,49 @@ def _patch_interpreter_scalar_index() -> None:
     interpreter._patch_lang_tensor = patched
 
 
-def _compiled_kernels_loaded() -> bool:
-    """True when the kernel module was imported before the interpreter was selected."""
-    module = sys.modules.get("minedraft.engine.cuda.paged_attention")
-    return module is not None and type(module._paged_attention_kernel).__name__ != "InterpretedFunction"
+SAVED_INTERPRET = pytest.StashKey[str | None]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the interpreter mode, select it before any test runs: Triton reads TRITON_INTERPRET when
+    triton.language and each kernel module are imported (other tests may import triton first)."""
+    mode = kernel_mode()
+    if mode.device == "cpu" and mode.interpreted:
+        config.stash[SAVED_INTERPRET] = os.environ.get("TRITON_INTERPRET")
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if SAVED_INTERPRET in config.stash:
+        saved = config.stash[SAVED_INTERPRET]
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def _imported_compiled() -> bool:
+    """True when triton.language or a kernel module was imported before the interpreter was selected."""
+    modules = [sys.modules.get(name) for name in ("triton.language", *KERNEL_MODULES)]
+    kernels = [modules[0].standard.sum if modules[0] else None,
+               getattr(modules[1], "_paged_attention_kernel", None), getattr(modules[2], "_add_rms_norm_kernel", None)]
+    return any(k is not None and type(k).__name__ != "InterpretedFunction" for k in kernels)
 
 
 @pytest.fixture(scope="session")
-def kernel_device() -> Iterator[torch.device]:
-    """Where the Triton kernels run in this session: cuda, or cpu under the interpreter (whose
-    setting stays for the session: Triton reads it again at launch)."""
+def kernel_device() -> torch.device:
+    """Where the Triton kernels run in this session: cuda, or cpu under the interpreter."""
     mode = kernel_mode()
     if mode.device is None:
         pytest.skip(mode.reason)
     if not mode.interpreted:
-        yield torch.device("cuda")
-        return
-    if _compiled_kernels_loaded():
-        pytest.skip("the kernels were imported compiled earlier in this session; run tests/gpu on its own")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("TRITON_INTERPRET", "1")
-        for module in KERNEL_MODULES:
-            importlib.import_module(module)
-        _patch_interpreter_scalar_index()
-        yield torch.device("cpu")
+        return torch.device("cuda")
+    if _imported_compiled():
+        pytest.skip("triton was imported before the interpreter was selected; run `pytest tests/gpu` on its own")
+    for module in KERNEL_MODULES:
+        importlib.import_module(module)
+    _patch_interpreter_scalar_index()
+    return torch.device("cpu")
 
 
 @pytest.fixture(scope="session")
