@@ -1,6 +1,6 @@
-"""Three real processes with MINEDRAFT_ADMIN_PORT set: /health and /admin/* on the admin port
-only, the OpenAI API on the public port only, and the draft link reported as gloo on CPU.
-(With the default, port 0, test_psd_stack reaches both on the public port.)"""
+"""Three real processes with MINEDRAFT_ADMIN_PORT set: /admin/* on the admin port only (never
+on the public one), /health on both, the OpenAI API on the public port only, and the draft link
+reported as gloo on CPU."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ def answers(url: str) -> bool:
         return False
 
 
-def test_an_admin_port_takes_health_and_policy_off_the_public_port(random_pair: tuple[Path, Path],
+def test_an_admin_port_serves_the_policy_and_the_public_port_does_not(random_pair: tuple[Path, Path],
                                                                    tmp_path: Path) -> None:
     target, draft = random_pair
     admin_port = free_port()
     cfg = StackConfig(target=str(target), draft=str(draft), grpc_port=free_port(), http_port=free_port(), k=3,
-                      num_blocks=256, log_dir=tmp_path, extra_env={"MINEDRAFT_ADMIN_PORT": str(admin_port)})
+                      num_blocks=256, log_dir=tmp_path, admin_port=admin_port)
     stack = LocalStack(cfg)
     admin, public = f"http://127.0.0.1:{admin_port}", f"http://127.0.0.1:{cfg.http_port}"
     try:
@@ -39,8 +39,8 @@ def test_an_admin_port_takes_health_and_policy_off_the_public_port(random_pair: 
         body = {"prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
         done = httpx.post(f"{public}/v1/completions", json=body, timeout=60)
         assert done.status_code == 200 and done.json()["usage"]["completion_tokens"] == 4
-        for path in ("/health", "/admin/policy"):
-            assert httpx.get(f"{public}{path}", timeout=5).status_code == 404
+        assert httpx.get(f"{public}/health", timeout=5).status_code == 200  # probes use the public port
+        assert httpx.get(f"{public}/admin/policy", timeout=5).status_code == 404
         assert httpx.put(f"{public}/admin/policy", json={"k": 2}, timeout=5).status_code == 404
         assert httpx.post(f"{admin}/v1/completions", json=body, timeout=5).status_code == 404
 

@@ -129,7 +129,7 @@ def test_chat_template_renders_like_hugging_face(random_pair: tuple[Path, Path],
         ("/v1/completions", {"prompt": "w5", "temperature": -1}, "temperature"),
         ("/v1/completions", {"prompt": "w5", "top_p": 0}, "top_p"),
         ("/v1/completions", {"prompt": ""}, "prompt"),
-        ("/v1/completions", {"prompt": [5] * 40, "max_tokens": 250}, "prompt"),  # "prompt ... plus max_tokens ..."
+        ("/v1/completions", {"prompt": [5] * 40, "max_tokens": 250}, "max_tokens"),  # the one to lower
         ("/v1/completions", {"prompt": "w5", "max_tokenz": 3}, "max_tokenz"),
         ("/v1/completions", {"prompt": "w5", "n": 2}, "n"),
         ("/v1/completions", {"prompt": ["w5", "w6"]}, "prompt"),

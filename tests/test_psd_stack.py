@@ -163,7 +163,7 @@ def test_openai_client_against_the_stack(stack) -> None:
 def test_live_policy_changes_mid_generation_keep_every_token(stack, random_pair) -> None:
     prompts = [[11 + i, 12, 13 + i] for i in range(6)]
     expected = reference(random_pair, prompts, [90] * 6)
-    url = f"http://127.0.0.1:{stack.cfg.http_port}/admin/policy"
+    url = f"http://127.0.0.1:{stack.admin_port}/admin/policy"
 
     async def run_with_switches() -> list[list[int]]:
         tasks = [asyncio.create_task(grpc_stream(stack, p, 90, 0)) for p in prompts]
@@ -233,9 +233,10 @@ def test_lost_verifier_gives_unavailable_not_a_hang(random_pair, tmp_path) -> No
         s.start(timeout=120)
         assert asyncio.run(grpc_stream(s, [5, 6], 4, 0)) != []
         s.kill("verifier")
-        wait_until(lambda: health(s)["status"] == "ok" and httpx.post(
-            f"http://127.0.0.1:{cfg.http_port}/v1/completions", json={"prompt": [5], "max_tokens": 2},
-            timeout=10).status_code == 503)
+        url = f"http://127.0.0.1:{cfg.http_port}"
+        wait_until(lambda: httpx.get(f"{url}/health", timeout=5).json()["status"] == "unavailable" and httpx.post(
+            f"{url}/v1/completions", json={"prompt": [5], "max_tokens": 2}, timeout=10).status_code == 503)
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 503  # not ready: out of the Service
         with grpc.insecure_channel(f"127.0.0.1:{cfg.grpc_port}") as channel:
             stub = generation_pb2_grpc.GenerationStub(channel)
             with pytest.raises(grpc.RpcError) as err:
@@ -247,7 +248,7 @@ def test_lost_verifier_gives_unavailable_not_a_hang(random_pair, tmp_path) -> No
 
 def test_auto_mode_stops_drafting_when_the_draft_does_not_pay(stack, random_pair) -> None:
     """The random draft almost never agrees with the random target: auto falls back to AR steps."""
-    url = f"http://127.0.0.1:{stack.cfg.http_port}/admin/policy"
+    url = f"http://127.0.0.1:{stack.admin_port}/admin/policy"
     assert httpx.put(url, json={"mode": "auto"}, timeout=60).status_code == 200
     try:
         prompts = [[20 + i, 21, 22] for i in range(4)]

@@ -2,10 +2,10 @@
 
 `PUT /admin/policy` takes any subset of the policy fields and answers with the whole
 effective policy, like `GET /admin/policy`. An unknown field is 422; a value of the wrong
-type or out of bounds is 400, with a message naming the field. The request model is built
-from `policy.POLICY_FIELDS`, so the API cannot drift from what the step loop accepts.
-With an admin port of its own (MINEDRAFT_ADMIN_PORT), these routes and /health are served
-there only.
+type, out of bounds or not finite is 400, with a message naming the field. The request model
+is built from `policy.POLICY_FIELDS`, so the API cannot drift from what the step loop accepts.
+These routes live on the admin listener only (MINEDRAFT_ADMIN_HOST:MINEDRAFT_ADMIN_PORT,
+loopback by default), never on the public port, behind their own key (MINEDRAFT_ADMIN_API_KEY).
 """
 
 from __future__ import annotations
@@ -17,10 +17,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from minedraft import __version__
+from minedraft.batch_manager.api_keys import ApiKeys
 from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.batch_manager.http_api import error_response, install_health_route
+from minedraft.batch_manager.http_guards import ApiKeyGuard, BodyLimit
 from minedraft.batch_manager.policy import POLICY_FIELDS, PolicyField
 from minedraft.core.errors import InvalidRequestError
+
+ADMIN_MAX_BODY_BYTES = 64 * 1024  # a policy is a few fields
 
 
 def _annotation(f: PolicyField) -> Any:
@@ -31,7 +35,7 @@ def _annotation(f: PolicyField) -> Any:
 
 PolicyUpdate: type[BaseModel] = create_model(
     "PolicyUpdate",
-    __config__=ConfigDict(extra="forbid", strict=True),
+    __config__=ConfigDict(extra="forbid", strict=True, allow_inf_nan=False),
     __doc__="Any subset of the live policy; fields left out keep their value.",
     **{f.name: (_annotation(f), None) for f in POLICY_FIELDS},
 )
@@ -67,14 +71,18 @@ def install_admin_routes(app: FastAPI, coordinator: Coordinator) -> None:
         try:
             return await coordinator.apply_policy(**update.model_dump(exclude_none=True))
         except InvalidRequestError as exc:
-            return error_response(400, str(exc))
+            return error_response(400, str(exc), param=exc.param)
 
     app.include_router(router)
 
 
-def build_admin_app(coordinator: Coordinator) -> FastAPI:
-    """The admin port's app: /health and /admin/policy, nothing a client of the model needs."""
+def build_admin_app(coordinator: Coordinator, api_keys: ApiKeys | None = None) -> FastAPI:
+    """The admin port's app: /health and /admin/policy, nothing a client of the model needs; with
+    `api_keys` (the admin keys), /admin/* needs one of them."""
     app = FastAPI(title="minedraft admin", version=__version__)
+    app.add_middleware(BodyLimit, max_bytes=ADMIN_MAX_BODY_BYTES)
+    if api_keys:
+        app.add_middleware(ApiKeyGuard, keys=api_keys, open_paths=frozenset({"/health", "/health/live"}))
     install_health_route(app, coordinator)
     install_admin_routes(app, coordinator)
     return app

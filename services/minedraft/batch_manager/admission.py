@@ -1,17 +1,23 @@
-"""Admission and KV reservation: which requests may start, and what memory each one holds.
+"""Admission and KV accounting: which requests start, and which give way when memory runs out.
 
-A request is checked when it arrives (it must fit the context and, on its own, the whole
-KV cache) and waits in FIFO order until the running batch has room and its worst case
-(prompt + max_tokens + k + 1 look-ahead slots) fits next to what running requests
-reserved. The reservation is released when the request leaves, so neither worker can run
-out of blocks mid-generation.
+KV blocks are counted the way vLLM allocates them, as sequences grow, not reserved for a
+request's worst case up front (which let a few long requests hold the whole cache while
+short ones waited). Before every plan the batch manager bounds what each running sequence
+can occupy on either worker while that plan runs: its committed tokens, plus k+1 for every
+plan in flight that may have verified it, plus the k look-ahead slots of this plan. When the
+sum would not fit the cache, the newest sequences are preempted: they leave both workers and
+go back to the front of the queue with their output so far, to be recomputed from prompt +
+output when memory frees up (greedy output is unchanged; the tokens already streamed are
+not sent again). New requests start, in arrival order, while their prompt plus one step of
+growth for every running sequence fits. A request that could not fit the cache even alone is
+refused when it arrives; a full queue is refused with QueueFullError (429).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from minedraft.batch_manager.backend import QueueFullError
 from minedraft.core.errors import InvalidRequestError
@@ -29,50 +35,90 @@ class KvLimits:
     block_budget: int = 0
     block_size: int = 16
 
+    def fit(self, num_blocks: int, max_context: int) -> None:
+        """Shrink to what a (re)connected worker can hold."""
+        self.block_budget = min(self.block_budget, num_blocks)
+        self.max_context = min(self.max_context, max_context)
+
+
+@dataclass(slots=True)
+class AdmissionPlan:
+    """What the next plan changes: sequences to preempt (newest first) and requests to start."""
+
+    preempt: list[Request] = field(default_factory=list)
+    start: list[Request] = field(default_factory=list)
+
 
 class Admission:
-    """The waiting queue and the KV blocks reserved by running requests."""
+    """The waiting queue and the KV blocks the running sequences may occupy at the next step."""
 
     def __init__(self, max_queue: int) -> None:
         self.max_queue = max_queue
         self.limits = KvLimits()
         self.waiting: deque[Request] = deque()
-        self.reserved: dict[int, int] = {}  # req_id -> blocks
+        self.in_use = 0  # the bound at the last plan: blocks the running sequences may occupy
+        self.preemptions = 0
         self._ids = itertools.count(1)
 
-    def blocks_needed(self, prompt_len: int, max_tokens: int, k: int) -> int:
-        return -(-(prompt_len + max_tokens + k + 1) // self.limits.block_size)
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.limits.block_size)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, k: int) -> Request:
+    def worst_case_blocks(self, prompt_len: int, max_tokens: int, k: int, pipeline_depth: int) -> int:
+        """Blocks one request may need running alone to its end (plans in flight verify beyond it)."""
+        return self.blocks_for(prompt_len + max_tokens + pipeline_depth * (k + 1))
+
+    def new_id(self) -> int:
+        """A sequence id no worker has seen (a preempted request comes back under a new one)."""
+        return next(self._ids)
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, k: int, pipeline_depth: int) -> Request:
         """Check a new request and queue it; raises InvalidRequestError or QueueFullError."""
         lim = self.limits
         validate_request(prompt_ids, params, lim.max_context, lim.vocab_size)
-        if self.blocks_needed(len(prompt_ids), params.max_tokens, k) > lim.block_budget:
-            raise InvalidRequestError("request needs more KV memory than the whole cache; lower max_tokens")
+        if self.worst_case_blocks(len(prompt_ids), params.max_tokens, k, pipeline_depth) > lim.block_budget:
+            raise InvalidRequestError("request needs more KV memory than the whole cache; lower max_tokens",
+                                      param="max_tokens")
         if len(self.waiting) >= self.max_queue:
             raise QueueFullError(f"{len(self.waiting)} requests are already waiting; retry later")
         params.resolved_seed()
-        req = Request(next(self._ids), list(prompt_ids), params)
+        req = Request(self.new_id(), list(prompt_ids), params)
         self.waiting.append(req)
         return req
 
-    def admit(self, running: int, max_num_seqs: int, k: int) -> list[Request]:
-        """Waiting requests that start now, in arrival order, each with its blocks reserved."""
-        started: list[Request] = []
-        total = self.reserved_blocks
-        while self.waiting and running + len(started) < max_num_seqs:
-            req = self.waiting[0]
-            need = self.blocks_needed(len(req.prompt_ids), req.params.max_tokens, k)
-            if total + need > self.limits.block_budget:
-                break
-            self.waiting.popleft()
-            total += need
-            self.reserved[req.req_id] = need
-            started.append(req)
-        return started
+    def plan(self, running: list[Request], in_flight: int, k: int, max_num_seqs: int) -> AdmissionPlan:
+        """Who leaves and who starts so that the next plan fits the cache on both workers.
 
-    def release(self, req_id: int) -> None:
-        self.reserved.pop(req_id, None)
+        `running` are the sequences in the batches, `in_flight` the plans the verifier has not
+        answered (each may have grown every sequence by k + 1 tokens unseen here).
+        """
+        growth = in_flight * (k + 1) + k
+        held = {id(r): self.blocks_for(len(r.all_tokens) + growth) for r in running}
+        total = sum(held.values())
+        out = AdmissionPlan()
+        by_age = sorted(running, key=lambda r: r.stats.started)
+        while total > self.limits.block_budget and len(by_age) > 1:
+            victim = by_age.pop()
+            out.preempt.append(victim)
+            total -= held[id(victim)]
+        if not out.preempt:  # a plan that preempts starts nothing: what left would come straight back
+            step_growth = self.blocks_for(k + 1)
+            count = len(running)
+            while self.waiting and count < max_num_seqs:
+                need = self.blocks_for(len(self.waiting[0].all_tokens) + k)
+                headroom = (count + 1) * step_growth if count else 0
+                if total + need + headroom > self.limits.block_budget:
+                    break
+                out.start.append(self.waiting.popleft())
+                total += need
+                count += 1
+        self.in_use = total
+        return out
+
+    def requeue(self, preempted: list[Request]) -> None:
+        """Preempted requests go back to the front of the queue, oldest first."""
+        for req in preempted:  # newest first, so the oldest ends up in front
+            self.waiting.appendleft(req)
+        self.preemptions += len(preempted)
 
     def withdraw(self, req: Request) -> bool:
         """Take a request out of the queue before it started; False when it was not waiting."""
@@ -88,4 +134,5 @@ class Admission:
 
     @property
     def reserved_blocks(self) -> int:
-        return sum(self.reserved.values())
+        """Blocks the running sequences may occupy (an upper bound), for /health and metrics."""
+        return self.in_use

@@ -16,12 +16,25 @@ from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 
 
-class QueueFullError(MinedraftError):
+class RetryLaterError(MinedraftError):
+    """Refused for now; `retry_after_s` is what the HTTP Retry-After header (and gRPC metadata) suggest."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueFullError(RetryLaterError):
     """Too many requests are waiting; the client should retry later (429 / RESOURCE_EXHAUSTED)."""
 
 
-class UnavailableError(MinedraftError):
-    """The backend cannot serve right now (starting, or its verifier is gone): 503 / UNAVAILABLE."""
+class UnavailableError(RetryLaterError):
+    """The backend cannot serve right now (starting, draining, or its verifier is gone; a request
+    running on a verifier that died ends with it): 503 / UNAVAILABLE."""
+
+
+class RequestTimeoutError(MinedraftError):
+    """The request's own deadline (`timeout`) passed before anything was sent: 408 / DEADLINE_EXCEEDED."""
 
 
 @dataclass(slots=True)
@@ -56,7 +69,8 @@ class GenerationBackend(Protocol):
         """Stream chunks until one carries a finish_reason.
 
         Validation errors raise InvalidRequestError and a full queue raises QueueFullError,
-        both before the first chunk. Closing the iterator early (client gone) cancels the
+        both before the first chunk; UnavailableError may come at any point (shutting down, or
+        the verifier lost mid-request). Closing the iterator early (client gone) cancels the
         request and frees its KV blocks.
         """
         ...

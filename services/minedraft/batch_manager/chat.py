@@ -85,7 +85,8 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         content = message.content
         if isinstance(content, list):
             if any(part.type != "text" or part.text is None for part in content):
-                raise InvalidRequestError(f"messages[{i}].content: only text content parts are supported")
+                raise InvalidRequestError(f"messages[{i}].content: only text content parts are supported",
+                                          param=f"messages[{i}].content")
             content = "".join(part.text or "" for part in content)
         data["content"] = content or ""
         result.append(data)
@@ -107,9 +108,12 @@ def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage]) -> str:
     try:
         return template.render(messages=dicts, add_generation_prompt=True, **special_tokens(tokenizer))
     except jinja2.TemplateError as exc:  # raise_exception() in templates reports bad conversations
-        raise InvalidRequestError(f"messages: the model's chat template rejected them: {exc}") from exc
+        raise InvalidRequestError(f"messages: the model's chat template rejected them: {exc}",
+                                  param="messages") from exc
 
 
-def chat_prompt_ids(tokenizer: Tokenizer, messages: list[ChatMessage]) -> list[int]:
+def chat_prompt_ids(tokenizer: Tokenizer, messages: list[ChatMessage], unlocked: bool = False) -> list[int]:
+    """`unlocked`: encode through the GIL-free path (from a worker thread, for long conversations)."""
     text = render_chat(tokenizer, messages)
-    return tokenizer.encode(text, add_special_tokens=chat_template(tokenizer) is None)
+    encode = tokenizer.encode_unlocked if unlocked else tokenizer.encode
+    return encode(text, add_special_tokens=chat_template(tokenizer) is None)

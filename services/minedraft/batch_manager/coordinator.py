@@ -2,25 +2,34 @@
 
 Start-up checks that the verifier and the draft service can work together (vocabulary,
 context, KV cache), forms the data plane, then runs the loop. The parts live next door:
-`step_driver` (plans out, verdicts in), `admission` (who starts, KV reservation),
-`draft_supervisor` + `draft_state` (the draft service's loss and return) and `link`
-(what a worker connection must offer; `worker_link` implements it over gRPC).
+`step_driver` (plans out, verdicts in), `admission` (who starts, who is preempted, KV
+accounting), `draft_supervisor` + `draft_state` (the draft service's loss and return),
+`verifier_supervisor` (the verifier's return) and `link` (what a worker connection must
+offer; `worker_link` implements it over gRPC). Shutting down is a drain: new requests are
+refused, the ones in flight finish (up to a grace period), then the workers' streams close.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator
 
 from minedraft.batch_manager.admission import Admission, KvLimits
 from minedraft.batch_manager.backend import GenerationChunk
 from minedraft.batch_manager.config import ManagerConfig
+from minedraft.batch_manager.draft_state import DraftState
 from minedraft.batch_manager.link import WorkerLink
+from minedraft.batch_manager.live_policy import apply_policy
 from minedraft.batch_manager.step_driver import StepDriver
 from minedraft.batch_manager.worker_link import GrpcWorkerLink
 from minedraft.core.errors import ModelLoadError
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+FAULT_STATES = (DraftState.LOST_AR, DraftState.RECOVERING)  # speculation off because something broke
 
 
 class Coordinator:
@@ -33,6 +42,7 @@ class Coordinator:
         self.model_name = model_name
         self.admission = Admission(config.max_queue)
         self.driver = StepDriver(config, tokenizer, verifier, draft, self.admission)
+        self.draining = False
         self._loop_task: asyncio.Task | None = None
 
     @classmethod
@@ -74,11 +84,32 @@ class Coordinator:
         d.serving = True
         self._loop_task = asyncio.create_task(d.run())
 
+    def begin_drain(self) -> None:
+        """Shutting down: refuse new requests (503 / UNAVAILABLE); those in flight go on."""
+        self.draining = True
+        self.driver.accepting = False
+
+    async def drain(self, grace_s: float) -> float:
+        """Refuse new requests and wait up to `grace_s` for every accepted one to finish; what is
+        left then ends with finish_reason "abort". Returns the seconds it took."""
+        self.begin_drain()
+        start = time.monotonic()
+        while self.driver.requests or self.admission.waiting:
+            if time.monotonic() - start >= grace_s:
+                left = len(self.driver.requests) + len(self.admission.waiting)
+                log.warning("drain grace of %.0f s is over: aborting %d requests", grace_s, left)
+                self.driver.abort_everything()
+                break
+            await asyncio.sleep(0.05)
+        return time.monotonic() - start
+
     async def stop(self) -> None:
+        """End the loop and close both workers' streams (a draining worker then exits)."""
         d = self.driver
         d.stop()
         if self._loop_task is not None:
             self._loop_task.cancel()
+        await d.reconnect.stop()
         await d.draft.stop()
         d.abort_everything()
         await d.verifier.close()
@@ -91,7 +122,7 @@ class Coordinator:
 
     async def apply_policy(self, **changes: object) -> dict[str, object]:
         """Change mode, k, caps or thresholds without a restart (SpeculationPolicy)."""
-        return await self.driver.apply_policy(changes)
+        return await apply_policy(self.driver, changes)
 
     def current_mode(self) -> str:
         if not self.driver.drafting_now():
@@ -99,9 +130,24 @@ class Coordinator:
         b0, b1 = self.driver.sched.batch_sizes()
         return "psd" if b0 and b1 else "sd"
 
+    def health(self) -> tuple[str, str]:
+        """(status, reason): ok; degraded while speculation is off because of a fault; unavailable
+        while the verifier is gone; draining while shutting down."""
+        d = self.driver
+        if self.draining:
+            return "draining", "shutting down: finishing the requests in flight, refusing new ones"
+        if not d.serving:
+            return "unavailable", "the verifier is not connected (starting, or lost and reconnecting)"
+        if d.config.mode != "ar" and d.draft.state.state in FAULT_STATES:
+            return "degraded", f"{d.draft.reason}: decoding without drafts until the draft service is back"
+        return "ok", ""
+
     def status(self) -> dict[str, object]:
         d, c = self.driver, self.driver.counters
+        status, reason = self.health()
         return {
+            "status": status,
+            "reason": reason,
             "mode": self.current_mode(),
             "configured_mode": d.config.mode,
             "k": d.config.k,
@@ -123,6 +169,8 @@ class Coordinator:
             "seq_verifies_total": c.seq_verifies,
             "steps_by_kind": {"psd": c.psd_steps, "sd": c.sd_steps, "ar": c.ar_steps},
             "recoveries": c.recoveries,
+            "preemptions": self.admission.preemptions,
+            "verifier_reconnects": d.reconnect.reconnects,
             "acceptance_rate": round(c.accepted / c.drafted, 4) if c.drafted else 0.0,
             "mean_accepted_length": round(c.tokens / c.seq_verifies, 4) if c.seq_verifies else 0.0,
         }

@@ -40,6 +40,8 @@ class DraftGoneError(ConnectionError):
 class LoopHooks(Protocol):
     """What the supervisor asks of the step loop."""
 
+    serving: bool  # the verifier's stream is open (an epoch needs both workers)
+
     def draining(self) -> AbstractAsyncContextManager[None]:
         """Hold new plans and wait until the verifier ran every issued one."""
         ...
@@ -57,6 +59,7 @@ class LoopHooks(Protocol):
         ...
 
 
+
 class DraftSupervisor:
     """Owns the draft link and its state; `state.connected` says whether plans go to it."""
 
@@ -70,6 +73,7 @@ class DraftSupervisor:
         self.state = DraftLinkState(has_draft=link is not None)
         self.epoch = 0
         self.transport = ""  # what the current epoch's data plane runs over ("" while none is up)
+        self.reason = ""  # why the draft service last left the loop (for /health while degraded)
         self._replies: dict[str, asyncio.Future[control_pb2.WorkerEvent]] = {}
         self._recovery: asyncio.Task | None = None
 
@@ -82,29 +86,38 @@ class DraftSupervisor:
         if await self._form_epoch():
             self.state.to(S.DRAFTING)
         else:
+            self.reason = "the draft service did not join the data plane at start-up"
             self.state.to(S.LOST_AR)
             self._recovery = asyncio.create_task(self._recover())
 
-    def lost(self) -> None:
-        """Either side reported the draft service or the data plane gone."""
+    def lost(self, why: str = "draft service lost") -> None:
+        """Either side reported the draft service or the data plane gone (or the verifier died)."""
         if self.state.state in (S.CONNECTING, S.RECOVERING):
-            self._fail_reply("draft", DraftGoneError("draft service stream ended during data-plane setup"))
+            self._fail_reply("draft", DraftGoneError(f"{why} during data-plane setup"))
             return
         if not self.state.connected:
             return
         assert self.link is not None
-        log.warning("draft service lost: continuing autoregressively on the verifier")
+        log.warning("%s: continuing autoregressively on the verifier", why)
+        self.reason = why
         self.state.to(S.LOST_AR)
         self.transport = ""
         self.loop.draft_left()
         asyncio.get_running_loop().create_task(self.link.close_stream())
         self._recovery = asyncio.get_running_loop().create_task(self._recover())
 
+    def verifier_lost(self) -> None:
+        """The verifier died: the data plane died with it; a new epoch forms once it is back."""
+        self._fail_reply("verifier", DraftGoneError("the verifier was lost during data-plane setup"))
+        self.lost("the verifier was lost, and the data plane with it")
+
     async def _recover(self) -> None:
-        """LOST_AR until the draft service answers, then RECOVERING with the loop drained."""
+        """LOST_AR until the draft service (and the verifier) answer, then RECOVERING with the loop drained."""
         assert self.link is not None
         while self.state.state is S.LOST_AR:
             await asyncio.sleep(self.config().draft_retry_s)
+            if not self.loop.serving:
+                continue
             try:
                 await self.link.info(timeout=INFO_TIMEOUT_S)
             except Exception:
@@ -113,7 +126,12 @@ class DraftSupervisor:
                 if self.state.state is not S.LOST_AR:  # stopping
                     return
                 self.state.to(S.RECOVERING)
-                formed = await self._form_epoch()
+                try:
+                    formed = await self._form_epoch()
+                except Exception as exc:  # a worker went away while the epoch was forming
+                    log.warning("data plane epoch %d did not form: %s", self.epoch, exc)
+                    await self.link.close_stream()
+                    formed = False
                 if self.state.state is not S.RECOVERING:
                     return
                 if formed:

@@ -8,6 +8,7 @@ and frees its KV cache) in both streaming and non-streaming mode.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -21,8 +22,16 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minedraft import __version__
-from minedraft.batch_manager.backend import GenerationBackend, GenerationChunk, QueueFullError, UnavailableError
-from minedraft.batch_manager.chat import chat_prompt_ids
+from minedraft.batch_manager.api_keys import ApiKeys
+from minedraft.batch_manager.backend import (
+    GenerationBackend,
+    GenerationChunk,
+    QueueFullError,
+    RequestTimeoutError,
+    RetryLaterError,
+    UnavailableError,
+)
+from minedraft.batch_manager.http_guards import DEFAULT_MAX_REQUEST_BYTES, ApiKeyGuard, BodyLimit, BodyTooLargeError
 from minedraft.batch_manager.http_streams import (
     ClientDisconnectedError,
     chat_body,
@@ -33,6 +42,7 @@ from minedraft.batch_manager.http_streams import (
     open_stream,
     race_disconnect,
     sse_response,
+    until_deadline,
 )
 from minedraft.batch_manager.openai_models import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -43,12 +53,14 @@ from minedraft.batch_manager.openai_models import (
     ModelCard,
     ModelList,
 )
+from minedraft.batch_manager.prompt_ids import chat_ids, encode_prompt
 from minedraft.batch_manager.request_tracing import traced_stream
 from minedraft.core.errors import InvalidRequestError
 from minedraft.observability.tracing import RequestTracer
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 _KNOWN_PARAMS = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
+OPEN_PATHS = frozenset({"/health", "/health/live", "/metrics"})  # probes and scrapers need no API key
 
 
 class ModelNotFoundError(LookupError):
@@ -59,10 +71,22 @@ class ModelNotFoundError(LookupError):
 
 
 def error_response(
-    status: int, message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None
+    status: int, message: str, type_: str = "invalid_request_error", param: str | None = None, code: str | None = None,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     body = ErrorResponse(error=ErrorDetail(message=message, type=type_, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status)
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def _retry_later(status: int, type_: str, code: str) -> Callable[[Request, RetryLaterError], JSONResponse]:
+    def handler(_request: Request, exc: RetryLaterError) -> JSONResponse:
+        return error_response(status, str(exc), type_, code=code, headers={"Retry-After": str(exc.retry_after_s)})
+
+    return handler
+
+
+def _required_field(request: Request) -> str:
+    return "messages" if request.url.path.endswith("/chat/completions") else "prompt"
 
 
 def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
@@ -79,19 +103,26 @@ def _loc_to_param(loc: tuple[Any, ...]) -> str | None:
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request", "type": ""}
     param = _loc_to_param(tuple(first.get("loc", ())))
-    if first.get("type") == "extra_forbidden":
+    kind = first.get("type")
+    if kind == "extra_forbidden":
         message = f"Unrecognized request argument supplied: {param}"
-    elif first.get("type") == "json_invalid":
+    elif kind == "json_invalid":
         message, param = f"request body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
+    elif param is None and kind == "missing":  # no body at all
+        param = _required_field(request)
+        message = f"request body is empty: send a JSON object with at least `{param}`"
+    elif param is None:  # a body that is not a JSON object (text/plain, a list, a number...)
+        message = (f"request body must be a JSON object with at least `{_required_field(request)}`, sent as "
+                   f"Content-Type: application/json (got {request.headers.get('content-type') or 'no content type'})")
     else:
-        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        message = f"{param}: {first.get('msg')}"
     return error_response(400, message, param=param)
 
 
 def _invalid_request(request: Request, exc: InvalidRequestError) -> JSONResponse:
-    """The engine's messages start with the field they are about; expose it as `param`."""
+    """The field the error names (or, failing that, the one its message starts with) is `param`."""
     match = re.match(r"[a-z_]+", str(exc))
-    param = match.group(0) if match and match.group(0) in _KNOWN_PARAMS else None
+    param = exc.param or (match.group(0) if match and match.group(0) in _KNOWN_PARAMS else None)
     if param == "prompt" and request.url.path.endswith("/chat/completions"):
         param = "messages"
     return error_response(400, str(exc), param=param)
@@ -101,9 +132,12 @@ def install_error_handlers(app: FastAPI) -> None:
     handlers: dict[type[Exception], Callable[[Request, Any], JSONResponse]] = {
         RequestValidationError: _validation_error,
         InvalidRequestError: _invalid_request,
-        QueueFullError: lambda _r, e: error_response(429, str(e), "rate_limit_error", code="rate_limit_exceeded"),
-        UnavailableError: lambda _r, e: error_response(503, str(e), "service_unavailable", code="unavailable"),
+        QueueFullError: _retry_later(429, "rate_limit_error", "rate_limit_exceeded"),
+        UnavailableError: _retry_later(503, "service_unavailable", "unavailable"),
+        RequestTimeoutError: lambda _r, e: error_response(408, str(e), "timeout_error", param="timeout",
+                                                          code="request_timeout"),
         ModelNotFoundError: lambda _r, e: error_response(404, str(e), param="model", code="model_not_found"),
+        BodyTooLargeError: lambda _r, e: error_response(413, str(e.detail), code="request_too_large"),
         StarletteHTTPException: lambda _r, e: error_response(e.status_code, str(e.detail)),
         ClientDisconnectedError: lambda _r, _e: error_response(499, "client closed the request"),
     }
@@ -134,14 +168,14 @@ class OpenAIServer:
         self.check_model(body.model)
         body.check_supported()
         prompt = body.single_prompt()
-        ids = self.backend.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = await encode_prompt(self.backend.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         return await self._serve(request, body, ids, max_tokens, "cmpl", completion_events, completion_body)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         self.check_model(body.model)
         body.check_supported()
-        ids = chat_prompt_ids(self.backend.tokenizer, body.messages)
+        ids = await chat_ids(self.backend.tokenizer, body.messages)
         max_tokens = body.requested_max_tokens
         if max_tokens is None:  # OpenAI: as much as the context allows
             max_tokens = max(1, self.backend.max_context - len(ids))
@@ -163,19 +197,36 @@ class OpenAIServer:
         operation = "chat" if id_prefix == "chatcmpl" else "text_completion"
         stream = traced_stream(self.backend.generate(ids, params, request_id), self.tracer, operation,
                                dict(request.headers), request_id, params)
-        chunks = await open_stream(request, stream)
+        deadline = None if body.timeout is None else asyncio.get_running_loop().time() + body.timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                chunks = await open_stream(request, stream)
+                if not body.stream:
+                    collected = await race_disconnect(request, collect(chunks))
+        except TimeoutError:
+            raise RequestTimeoutError(f"the request's timeout of {body.timeout:g} s passed before it was done; "
+                                      "raise `timeout` or lower max_tokens") from None
         if body.stream:
-            return sse_response(events(chunks, request_id, model, body.wants_usage_in_stream))
-        collected = await race_disconnect(request, collect(chunks))
+            return sse_response(events(until_deadline(chunks, deadline), request_id, model,
+                                       body.wants_usage_in_stream))
         return JSONResponse(build(request_id, model, collected).model_dump())
 
 
 def install_health_route(app: FastAPI, backend: GenerationBackend) -> None:
-    """GET /health: 200 with the backend's status (mode, batches, counters, draft link)."""
+    """GET /health (readiness): the backend's status (mode, batches, counters, draft link), 200 while
+    it serves ("ok", or "degraded" with a reason while speculation is off because of a fault), 503
+    while it cannot ("unavailable": the verifier is gone; "draining": shutting down).
+    GET /health/live (liveness): 200 whenever the process answers at all."""
 
     @app.get("/health")
-    async def health() -> dict[str, object]:
-        return {"status": "ok", **backend.status()}
+    async def health() -> JSONResponse:
+        status: dict[str, object] = {"status": "ok", **backend.status()}
+        serving = status["status"] in ("ok", "degraded")
+        return JSONResponse(status, status_code=200 if serving else 503)
+
+    @app.get("/health/live")
+    async def live() -> dict[str, str]:
+        return {"status": "alive"}
 
 
 def install_metrics_route(app: FastAPI, registry: CollectorRegistry) -> None:
@@ -187,10 +238,15 @@ def install_metrics_route(app: FastAPI, registry: CollectorRegistry) -> None:
 
 
 def build_http_app(backend: GenerationBackend, serve_health: bool = True, tracer: RequestTracer | None = None,
-                   metrics: CollectorRegistry | None = None) -> FastAPI:
+                   metrics: CollectorRegistry | None = None, api_keys: ApiKeys | None = None,
+                   max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
     """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /metrics (with a registry)
-    and (unless an admin port serves it) /health."""
+    and /health; with `api_keys`, every path but /health and /metrics needs one; bodies over
+    `max_request_bytes` are refused with 413 before they are read."""
     app = FastAPI(title="minedraft", version=__version__)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    if api_keys:
+        app.add_middleware(ApiKeyGuard, keys=api_keys, open_paths=OPEN_PATHS)
     app.state.backend = backend
     server = OpenAIServer(backend, tracer)
     if metrics is not None:

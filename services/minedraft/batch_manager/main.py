@@ -1,9 +1,17 @@
-"""`minedraft batch-manager`: public gRPC + HTTP APIs over the two workers."""
+"""`minedraft batch-manager`: public gRPC + HTTP APIs over the two workers.
+
+Listens only once both workers answered and the data plane formed. SIGTERM or SIGINT is a
+drain: health reports NOT_SERVING / 503, new requests get 503 / UNAVAILABLE, requests in
+flight finish (up to --drain-grace-s, then they are aborted), the listeners close, and the
+workers' streams are closed last, which lets draining workers exit. A second signal cuts
+the grace short.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 from dataclasses import fields
@@ -11,12 +19,13 @@ from pathlib import Path
 
 import uvicorn
 
-from minedraft.batch_manager.admin_api import build_admin_app, install_admin_routes
+from minedraft.batch_manager.admin_api import build_admin_app
 from minedraft.batch_manager.config import DATA_PLANE_BACKENDS, ManagerConfig
 from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.batch_manager.grpc_api import build_grpc_server
 from minedraft.batch_manager.http_api import build_http_app
 from minedraft.batch_manager.policy import POLICY_FIELDS
+from minedraft.batch_manager.server_flags import ServingOptions, add_serving_flags
 from minedraft.batch_manager.step_observer import MetricsObserver
 from minedraft.bundled import TINY_TARGET
 from minedraft.core.errors import InvalidRequestError
@@ -27,6 +36,7 @@ from minedraft.observability.tracing import RequestTracer, tracer_from_env
 from minedraft.worker.settings import env
 
 _DEFAULTS = {f.name: f.default for f in fields(ManagerConfig)}
+FLUSH_S = 3  # after the drain, how long responses may take to reach their clients
 
 
 def add_policy_flags(p: argparse.ArgumentParser) -> None:
@@ -43,8 +53,7 @@ def add_manager_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=env("HOST", "127.0.0.1"), help="bind address [MINEDRAFT_HOST]")
     p.add_argument("--grpc-port", type=int, default=int(env("GRPC_PORT", "50051")), help="[MINEDRAFT_GRPC_PORT]")
     p.add_argument("--http-port", type=int, default=int(env("HTTP_PORT", "8000")), help="[MINEDRAFT_HTTP_PORT]")
-    p.add_argument("--admin-port", type=int, default=int(env("ADMIN_PORT", "0")),
-                   help="serve /admin/* and /health on this port only; 0 = on the HTTP port [MINEDRAFT_ADMIN_PORT]")
+    add_serving_flags(p)
     add_policy_flags(p)
     p.add_argument("--max-queue", type=int, default=int(env("MAX_QUEUE", str(_DEFAULTS["max_queue"]))),
                    help="waiting requests before 429 [MINEDRAFT_MAX_QUEUE]")
@@ -79,19 +88,38 @@ def run(args: argparse.Namespace) -> int:
     configure_logging("batch-manager")
     try:
         config = manager_config(args)
+        options = ServingOptions.from_args(args)
     except InvalidRequestError as exc:
         logging.error("invalid setting: %s", exc)
         return 2
-    return asyncio.run(serve(args, config))
+    return asyncio.run(serve(args, config, options))
 
 
-def _http_server(app: object, host: str, port: int) -> uvicorn.Server:
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))  # type: ignore[arg-type]
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # handled in serve()
+def _http_server(app: object, host: str, port: int, **tls: str) -> uvicorn.Server:
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",  # type: ignore[arg-type]
+                                           timeout_graceful_shutdown=FLUSH_S, **tls))  # type: ignore[arg-type]
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # signals are serve()'s
     return server
 
 
-async def serve(args: argparse.Namespace, config: ManagerConfig) -> int:
+def _signals(coordinator: Coordinator) -> asyncio.Event:
+    """SIGTERM / SIGINT set the returned event; a second one aborts what is still running."""
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            logging.warning("second signal: aborting the requests still running")
+            coordinator.driver.abort_everything()
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    return stop
+
+
+async def serve(args: argparse.Namespace, config: ManagerConfig, options: ServingOptions | None = None) -> int:
+    options = options or ServingOptions.from_args(args)
     tokenizer = Tokenizer(args.tokenizer)
     name = args.served_model_name or Path(args.tokenizer).name
     coordinator = Coordinator.over_grpc(tokenizer, name, args.verifier_address, args.draft_address or None, config)
@@ -100,28 +128,37 @@ async def serve(args: argparse.Namespace, config: ManagerConfig) -> int:
         coordinator.driver.observer = MetricsObserver(metrics)
     traced = tracer_from_env("minedraft-batch-manager")
     tracer = RequestTracer(traced, name) if traced is not None else None
-    await coordinator.start()  # listen only once both workers answered and the data plane formed
-    grpc_server = build_grpc_server(coordinator, args.host, args.grpc_port, tracer)
+    stop = _signals(coordinator)
+    starting = asyncio.create_task(coordinator.start())  # listen only once both workers answered
+    await asyncio.wait({starting, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():  # stopped while waiting for the workers: nothing to drain
+        starting.cancel()
+        await coordinator.stop()
+        return 0
+    starting.result()
+    grpc_server = build_grpc_server(coordinator, args.host, args.grpc_port, tracer, options.api_keys,
+                                    options.max_request_bytes, options.grpc_credentials())
     await grpc_server.start()
-    public = build_http_app(coordinator, serve_health=not args.admin_port, tracer=tracer,
-                            metrics=metrics.registry if metrics is not None else None)
-    servers = [_http_server(public, args.host, args.http_port)]
+    public = build_http_app(coordinator, tracer=tracer, metrics=metrics.registry if metrics is not None else None,
+                            api_keys=options.api_keys, max_request_bytes=options.max_request_bytes)
+    servers = [_http_server(public, args.host, args.http_port, **options.uvicorn_tls())]
     if args.admin_port:
-        servers.append(_http_server(build_admin_app(coordinator), args.host, args.admin_port))
-    else:
-        install_admin_routes(public, coordinator)
+        servers.append(_http_server(build_admin_app(coordinator, options.admin_keys), args.admin_host,
+                                    args.admin_port))
     tasks = [asyncio.create_task(s.serve()) for s in servers]
-    logging.info("batch manager ready: gRPC %s:%d, HTTP http://%s:%d, admin on port %d (mode %s)", args.host,
-                 grpc_server.port, args.host, args.http_port, args.admin_port or args.http_port, config.mode)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    admin = f"http://{args.admin_host}:{args.admin_port}" if args.admin_port else "off"
+    logging.info("batch manager ready: gRPC %s:%d, HTTP %s://%s:%d, admin %s, API keys %s (mode %s)", args.host,
+                 grpc_server.port, "https" if options.tls else "http", args.host, args.http_port, admin,
+                 len(options.api_keys) or "off", config.mode)
     await stop.wait()
-    logging.info("draining: refusing new requests")
+    logging.info("draining: refusing new requests, finishing %d running and %d waiting (grace %.0f s)",
+                 len(coordinator.driver.requests), len(coordinator.admission.waiting), options.drain_grace_s)
+    await grpc_server.not_serving()
+    took = await coordinator.drain(options.drain_grace_s)
+    logging.info("drained in %.2f s; closing the listeners and the workers' streams", took)
     for server in servers:
         server.should_exit = True
-    await grpc_server.stop(grace=5)
+    await grpc_server.stop(grace=FLUSH_S)
     await asyncio.gather(*tasks)
     await coordinator.stop()
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_serializer
 
 from minedraft.core.codec import sampling_from_openai
 from minedraft.core.errors import InvalidRequestError
@@ -21,11 +21,13 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy completions default
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Flags must be JSON booleans ("yes" is an error, not true).
+    # NaN and infinities (JSON's bare NaN/Infinity or strings like "NaN") are refused in every float field.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(_Request):
-    include_usage: bool | None = False
+    include_usage: StrictBool | None = False
 
 
 class _SamplingRequest(_Request):
@@ -36,7 +38,7 @@ class _SamplingRequest(_Request):
     temperature: float | None = None
     top_p: float | None = None
     n: int | None = None
-    stream: bool | None = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
@@ -46,18 +48,23 @@ class _SamplingRequest(_Request):
     user: str | None = None
     # vLLM extras
     top_k: int | None = None
-    ignore_eos: bool | None = False
+    ignore_eos: StrictBool | None = False
     stop_token_ids: list[int] | None = None
+    # minedraft extra: seconds the whole request may take; past it, 408 (nothing sent yet) or, once a
+    # stream has started, a last chunk with finish_reason "abort".
+    timeout: float | None = Field(default=None, gt=0)
 
     def check_supported(self) -> None:
         """Reject features we do not implement, naming the field."""
         if self.n not in (None, 1):
-            raise InvalidRequestError(f"n must be 1 (only n=1 is supported), got {self.n}")
+            raise InvalidRequestError(f"n must be 1 (only n=1 is supported), got {self.n}", param="n")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) not in (None, 0):
-                raise InvalidRequestError(f"{name} is not supported; leave it unset or 0")
+                raise InvalidRequestError(f"{name} is not supported; leave it unset or 0", param=name)
         if self.logit_bias:
-            raise InvalidRequestError("logit_bias is not supported; leave it unset or empty")
+            raise InvalidRequestError("logit_bias is not supported; leave it unset or empty", param="logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
 
     @property
     def wants_usage_in_stream(self) -> bool:
@@ -72,7 +79,7 @@ class _SamplingRequest(_Request):
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool | None = False
+    echo: StrictBool | None = False
     logprobs: int | None = None
     suffix: str | None = None
     best_of: int | None = None
@@ -80,13 +87,13 @@ class CompletionRequest(_SamplingRequest):
     def check_supported(self) -> None:
         super().check_supported()
         if self.echo:
-            raise InvalidRequestError("echo is not supported")
+            raise InvalidRequestError("echo is not supported", param="echo")
         if self.logprobs is not None:
-            raise InvalidRequestError("logprobs is not supported")
+            raise InvalidRequestError("logprobs is not supported", param="logprobs")
         if self.suffix:
-            raise InvalidRequestError("suffix is not supported")
+            raise InvalidRequestError("suffix is not supported", param="suffix")
         if self.best_of not in (None, 1):
-            raise InvalidRequestError("best_of must be 1 (only n=1 is supported)")
+            raise InvalidRequestError("best_of must be 1 (only n=1 is supported)", param="best_of")
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt of the request: a string or token ids (a batch of one is unwrapped)."""
@@ -95,7 +102,8 @@ class CompletionRequest(_SamplingRequest):
             prompt = prompt[0]
         if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt):
             return prompt  # type: ignore[return-value]
-        raise InvalidRequestError("prompt must be one string or one list of token ids; send one request per prompt")
+        raise InvalidRequestError("prompt must be one string or one list of token ids; send one request per prompt",
+                                  param="prompt")
 
 
 class ContentPart(BaseModel):
@@ -117,13 +125,13 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
-    logprobs: bool | None = False
+    logprobs: StrictBool | None = False
     top_logprobs: int | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.logprobs or self.top_logprobs is not None:
-            raise InvalidRequestError("logprobs is not supported")
+            raise InvalidRequestError("logprobs is not supported", param="logprobs")
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -8,6 +8,7 @@ these on a running batch manager; the step loop drains before applying them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from minedraft.core.errors import InvalidRequestError
@@ -32,15 +33,17 @@ class PolicyField:
         """Raise InvalidRequestError, naming the field, when `value` is not allowed."""
         if self.choices is not None:
             if value not in self.choices:
-                raise InvalidRequestError(f"{self.name} must be one of {list(self.choices)}, got {value!r}")
+                raise InvalidRequestError(f"{self.name} must be one of {list(self.choices)}, got {value!r}",
+                                          param=self.name)
             return
         numeric = (int, float) if self.type is float else (int,)
-        if isinstance(value, bool) or not isinstance(value, numeric):
-            raise InvalidRequestError(f"{self.name} must be {self.type.__name__}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, numeric) or not math.isfinite(value):
+            raise InvalidRequestError(f"{self.name} must be a finite {self.type.__name__}, got {value!r}",
+                                      param=self.name)
         if self.minimum is not None and value < self.minimum:
-            raise InvalidRequestError(f"{self.name} must be >= {self.minimum:g}, got {value!r}")
+            raise InvalidRequestError(f"{self.name} must be >= {self.minimum:g}, got {value!r}", param=self.name)
         if self.maximum is not None and value > self.maximum:
-            raise InvalidRequestError(f"{self.name} must be <= {self.maximum:g}, got {value!r}")
+            raise InvalidRequestError(f"{self.name} must be <= {self.maximum:g}, got {value!r}", param=self.name)
 
 
 POLICY_FIELDS: tuple[PolicyField, ...] = (

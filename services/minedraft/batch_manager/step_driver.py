@@ -12,7 +12,10 @@ it is in the loop. What a step does depends on the mode and the draft service's 
 - auto: psd, pausing drafting while the recent mean accepted length is under
   `auto_min_tokens_per_step`, probing again after `auto_probe_steps` steps.
 No token is decided here: the verifier's committed tokens are the truth, mirrored in step
-order. Policy changes and draft recovery first drain the loop (no plan in flight).
+order. Policy changes and draft recovery first drain the loop (no plan in flight). Before
+each plan `admission` picks who starts and who is preempted (to come back under a new
+sequence id, so late verdicts cannot touch it). A lost verifier fails every request at once;
+`verifier_supervisor` reconnects when it answers again.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
 
 from minedraft.batch_manager.admission import Admission
 from minedraft.batch_manager.backend import GenerationChunk, UnavailableError
@@ -30,19 +32,19 @@ from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.draft_state import DraftState
 from minedraft.batch_manager.draft_supervisor import DraftSupervisor
 from minedraft.batch_manager.link import WorkerLink
-from minedraft.batch_manager.policy import TWO_BATCH_MODES, check_policy
+from minedraft.batch_manager.policy import TWO_BATCH_MODES
+from minedraft.batch_manager.request_streams import RequestStreams
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
 from minedraft.batch_manager.step_observer import StepObserver
 from minedraft.batch_manager.step_stats import Counters
+from minedraft.batch_manager.verifier_supervisor import VerifierSupervisor
 from minedraft.core.codec import seq_spec
-from minedraft.core.errors import InvalidRequestError
 from minedraft.core.request import FINISH_ABORT, Request
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.proto import control_pb2
 
 log = logging.getLogger(__name__)
-AUTO_MIN_SAMPLES = 32  # speculative verifies auto mode needs before judging
 
 
 class StepDriver:
@@ -57,13 +59,15 @@ class StepDriver:
         self.draft = DraftSupervisor(draft, verifier, self, lambda: self.config)
         self.sched = TwoBatchScheduler(config.mode in TWO_BATCH_MODES, config.rebalance_threshold)
         self.requests: dict[int, Request] = {}  # running, by id (a request's id is its sequence id)
-        self.chunks: dict[int, asyncio.Queue[GenerationChunk]] = {}
+        self.streams = RequestStreams()
+        self.reconnect = VerifierSupervisor(verifier, self, tokenizer.vocab_size, lambda: self.config.draft_retry_s)
         self.pending_remove: list[int] = []  # left since the last plan; the next plan frees their KV
         self.draft_adds: list[control_pb2.SeqSpec] = []  # every running sequence, for a returned draft
         self.eos_ids: frozenset[int] = frozenset()
         self.step = 0  # the next plan's step
         self.in_flight = 0  # plans the verifier has not answered yet
         self.serving = False  # the verifier's stream is up
+        self.accepting = True  # False once shutting down: new requests are refused
         self.counters = Counters()
         self.observer = StepObserver()  # metrics hook (batch_manager/step_observer.py)
         self._drafted_at: dict[int, tuple[int, str]] = {}  # step -> (drafts per sequence judged, kind)
@@ -77,21 +81,23 @@ class StepDriver:
     async def run(self) -> None:
         while not self._stopping:
             idle = not self.serving or self._holds or self.in_flight >= self.config.pipeline_depth
-            if idle or not self._has_work():
+            work = self.sched.seqs or self.admission.waiting or self.pending_remove or self.draft_adds
+            if idle or not work:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             self._issue_plan()
 
-    def _has_work(self) -> bool:
-        return bool(self.sched.seqs or self.admission.waiting or self.pending_remove or self.draft_adds)
-
     def drafting_now(self) -> bool:
         return self.draft.state.state is DraftState.DRAFTING and self.config.mode != "ar"
 
     def _issue_plan(self) -> None:
-        adds = [self._start(req) for req in self.admission.admit(len(self.requests), self.config.max_num_seqs,
-                                                                 self.config.k)]
+        cfg = self.config
+        change = self.admission.plan(list(self.requests.values()), self.in_flight, cfg.k, cfg.max_num_seqs)
+        for req in change.preempt:
+            self._preempt(req)
+        self.admission.requeue(change.preempt)
+        adds = [self._start(req) for req in change.start]
         self.draft.state.resume_if_due(self.step)
         with_drafts = self.drafting_now()
         if with_drafts:
@@ -114,11 +120,25 @@ class StepDriver:
         self.step += 1
 
     def _start(self, req: Request) -> control_pb2.SeqSpec:
+        """Into a batch; a preempted request resumes from prompt + output so far."""
         self.requests[req.req_id] = req
-        req.stats.admitted = time.perf_counter()
-        self.observer.request_started(req)
-        self.sched.add(req.req_id, len(req.prompt_ids), req.params.max_tokens)
+        if req.stats.admitted is None:
+            req.stats.admitted = time.perf_counter()
+            self.observer.request_started(req)
+        self.sched.add(req.req_id, len(req.all_tokens), req.params.max_tokens - len(req.output_ids))
         return seq_spec(req)
+
+    def _preempt(self, req: Request) -> None:
+        """Off both workers now (its KV is freed by the next plan); back in the queue under a new id."""
+        old = req.req_id
+        self.requests.pop(old, None)
+        self.sched.remove(old)
+        self.pending_remove.append(old)
+        self.draft_adds = [spec for spec in self.draft_adds if spec.seq_id != old]
+        req.req_id = self.admission.new_id()
+        self.streams.renamed(old, req.req_id)
+        log.info("preempted sequence %d (%d tokens) for KV blocks; it resumes as %d", old, len(req.all_tokens),
+                 req.req_id)
 
     # ----- verdicts in ------------------------------------------------------------------
 
@@ -141,7 +161,7 @@ class StepDriver:
         if event.data_plane_lost:
             self.draft.lost()
         if event.error:
-            self._fail_all(event.error)
+            self.abort_everything(f"the verifier failed at step {event.step}: {event.error}")
         self._judge_auto()
         self._wake.set()
 
@@ -162,18 +182,17 @@ class StepDriver:
             kept = req.append_tokens(tokens, self.eos_ids, self.tokenizer)
             self.observer.tokens_verified(req, kept, req.stats.note_tokens(now, step) if kept else None)
             self.sched.progress(seq_id, count)
-            self._notify(req)
+            self.streams.notify(req)
             if req.finished:
                 self._retire(req)
 
     def _judge_auto(self) -> None:
         """auto mode: pause drafting while recent speculative steps show it does not pay."""
-        if self.config.mode != "auto" or not self.drafting_now():
-            return
-        c = self.counters
-        if c.recent_samples >= AUTO_MIN_SAMPLES and c.recent_tokens_per_seq < self.config.auto_min_tokens_per_step:
-            self.draft.state.pause(until_step=self.step + self.config.auto_probe_steps)
-            c.reset_recent()
+        cfg = self.config
+        if cfg.mode == "auto" and self.drafting_now() and self.counters.drafting_does_not_pay(
+                cfg.auto_min_tokens_per_step):
+            self.draft.state.pause(until_step=self.step + cfg.auto_probe_steps)
+            self.counters.reset_recent()
             self.sched.restart_drafting()
 
     # ----- requests ---------------------------------------------------------------------
@@ -181,33 +200,20 @@ class StepDriver:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[GenerationChunk]:
         """Queue a request (its errors raise at the first `anext`), then stream its chunks until
         one carries a finish reason; closing the iterator early aborts it."""
+        if not self.accepting:
+            raise UnavailableError("the server is shutting down; retry (on another replica)")
         if not self.serving:
             raise UnavailableError("the verifier is not connected (starting, or lost); retry shortly")
-        req = self.admission.submit(prompt_ids, params, self.config.k)
-        queue: asyncio.Queue[GenerationChunk] = asyncio.Queue()
-        self.chunks[req.req_id] = queue
+        req = self.admission.submit(prompt_ids, params, self.config.k, self.config.pipeline_depth)
+        queue = self.streams.open(req)
         self._wake.set()
         try:
-            while True:
-                chunk = await queue.get()
+            async for chunk in self.streams.read(queue):
                 yield chunk
-                if chunk.finish_reason is not None:
-                    return
         finally:
-            self.chunks.pop(req.req_id, None)
+            self.streams.close(req)
             if not req.finished:
                 self.abort(req)
-
-    def _notify(self, req: Request) -> None:
-        queue = self.chunks.get(req.req_id)
-        chunk = GenerationChunk.take_from(req)
-        if queue is not None and chunk is not None:
-            queue.put_nowait(chunk)
-
-    def _finish_and_notify(self, req: Request, reason: str) -> None:
-        req.finish(reason)
-        self._notify(req)
-        self._retire(req)
 
     def _retire(self, req: Request) -> None:
         """Leave both batches at once; the next plan frees its KV blocks on both workers."""
@@ -215,7 +221,6 @@ class StepDriver:
             self.pending_remove.append(req.req_id)
             self.observer.request_retired(req)
         self.sched.remove(req.req_id)
-        self.admission.release(req.req_id)
         self._wake.set()
 
     def abort(self, req: Request) -> None:
@@ -223,16 +228,21 @@ class StepDriver:
         req.finish(FINISH_ABORT)
         self._retire(req)
 
-    def _fail_all(self, message: str) -> None:
-        log.error("verifier failed (%s); aborting running requests", message)
-        for req in list(self.requests.values()):
-            self._finish_and_notify(req, FINISH_ABORT)
+    def abort_everything(self, error: str | None = None) -> None:
+        """Every request, running or waiting, ends now: with UnavailableError(`error`), or without
+        an error, as a last chunk whose finish_reason is "abort" (the drain's grace is over)."""
+        reqs = [*self.admission.take_all_waiting(), *self.requests.values()]
+        if error and reqs:
+            log.error("%s; failing %d requests", error, len(reqs))
+        for req in reqs:
+            req.finish(FINISH_ABORT)
+            if error:
+                self.streams.fail(req, UnavailableError(f"{error}; retry the request"))
+            else:
+                self.streams.notify(req)
+            self._retire(req)
 
-    def abort_everything(self) -> None:
-        for req in [*self.admission.take_all_waiting(), *self.requests.values()]:
-            self._finish_and_notify(req, FINISH_ABORT)
-
-    # ----- draining, live policy, lost workers ------------------------------------------
+    # ----- draining, lost workers -------------------------------------------------------
 
     @asynccontextmanager
     async def draining(self) -> AsyncIterator[None]:
@@ -246,23 +256,6 @@ class StepDriver:
         finally:
             self._holds -= 1
             self._wake.set()
-
-    async def apply_policy(self, changes: dict[str, object]) -> dict[str, object]:
-        """Change the live policy between two steps: drained first, so no step straddles it."""
-        changes = {name: value for name, value in changes.items() if value is not None}
-        check_policy(changes)
-        new = replace(self.config, **changes)
-        new.validate()
-        if self.draft.link is None and new.mode != "ar":
-            raise InvalidRequestError("this deployment has no draft service; only mode 'ar' is possible")
-        async with self.draining():
-            self.config = new
-            self.sched.use_two_batches(new.mode in TWO_BATCH_MODES)
-            self.sched.rebalance_threshold = new.rebalance_threshold
-            self.sched.restart_drafting()
-            if self.draft.state.state is DraftState.PAUSED_AUTO:
-                self.draft.state.to(DraftState.DRAFTING)
-        return new.policy()
 
     def draft_left(self) -> None:
         self.counters.fallbacks += 1
@@ -280,10 +273,23 @@ class StepDriver:
         self.observer.draft_done(event)
 
     def on_verifier_lost(self) -> None:
+        """The verifier's stream ended (process died, network): fail fast, then reconnect."""
         self.serving = False
         self.in_flight = 0
         self._drafted_at.clear()
-        self._fail_all("verifier control stream lost")
+        self.abort_everything("the verifier was lost (its process ended or its connection broke)")
+        self.pending_remove = []
+        self.admission.in_use = 0
+        self.draft.verifier_lost()
+        if not self._stopping:
+            self.reconnect.lost()
+        self._wake.set()
+
+    def verifier_back(self, info: control_pb2.WorkerInfo) -> None:
+        """A fresh stream to a (restarted) verifier: it holds no sequence, nothing is in flight."""
+        self.admission.limits.fit(info.num_blocks, info.max_context)
+        self.pending_remove = []
+        self.serving = True
         self._wake.set()
 
     def stop(self) -> None:

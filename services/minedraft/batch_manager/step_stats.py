@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from minedraft.proto import control_pb2
 
+AUTO_MIN_SAMPLES = 32  # speculative verifies auto mode needs before judging
+
 
 @dataclass(slots=True)
 class Counters:
@@ -50,6 +52,10 @@ class Counters:
             return "psd"
         self.sd_steps += bool(draft or verify)
         return "sd"
+
+    def drafting_does_not_pay(self, min_tokens_per_step: float) -> bool:
+        """auto mode's judgement: enough recent speculative verifies, yielding too few tokens each."""
+        return self.recent_samples >= AUTO_MIN_SAMPLES and self.recent_tokens_per_seq < min_tokens_per_step
 
     def reset_recent(self) -> None:
         self.recent_tokens_per_seq = 0.0

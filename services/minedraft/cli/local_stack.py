@@ -1,7 +1,11 @@
 """The three services as local processes: what `minedraft serve`, the benchmarks and the tests start.
 
 It lives beside the CLI because it runs the CLI: each service is a `python -m minedraft.cli.main
-<service> ...` child with the service's own flags.
+<service> ...` child with the service's own flags, in its own session (a terminal's Ctrl-C
+reaches only the launcher, which forwards it). `supervise()` reaps children that exited and
+restarts them with exponential backoff (the verifier's tensor-parallel ranks as one group), as
+Kubernetes restarts a pod's containers; `stop()` sends SIGTERM to all of them at once, as
+Kubernetes does, and waits for their drain.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +46,8 @@ class StackConfig:
     dtype: str = "float32"
     tokenizer: str | None = None  # default: the target folder
     tp_size: int = 1  # tensor-parallel ranks of the target; target_device may list one device per rank
+    admin_port: int = 0  # the batch manager's admin API (loopback); 0 = a free port
+    drain_grace_s: float = 25.0  # what the services get as MINEDRAFT_DRAIN_GRACE_S
     data_plane_backend: str = "gloo"
     log_dir: Path | None = None
     target_cpu: str = ""
@@ -52,6 +59,26 @@ class StackConfig:
     worker_module: str = "minedraft.cli.main"
 
 
+MAX_BACKOFF_S = 30.0
+STABLE_S = 60.0  # a child that ran this long starts its backoff over
+STOP_MARGIN_S = 15.0  # beyond the drain grace, before stop() kills what is left
+
+
+@dataclass(slots=True)
+class Restarts:
+    """One group's crash history: when it may start again."""
+
+    failures: int = 0
+    due: float | None = None  # monotonic time of the next start; None while running
+
+    def failed(self, ran_s: float) -> float:
+        """Count a crash; returns the delay before the next start."""
+        self.failures = 0 if ran_s >= STABLE_S else self.failures + 1
+        delay = min(MAX_BACKOFF_S, 0.5 * 2 ** self.failures)
+        self.due = time.monotonic() + delay
+        return delay
+
+
 class LocalStack:
     """Starts verifier, draft service and batch manager as separate processes."""
 
@@ -59,10 +86,15 @@ class LocalStack:
         self.cfg = cfg
         self.target_port = free_port()
         self.draft_port = free_port()
+        self.admin_port = cfg.admin_port or free_port()
         self.procs: dict[str, subprocess.Popen] = {}
+        self.started_at: dict[str, float] = {}
+        self.restarts: dict[str, Restarts] = {}
+        self.exits: list[tuple[str, int]] = []  # every exit supervise() reaped, in order
 
     def _spawn(self, name: str, args: list[str], module: str = "minedraft.cli.main") -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.cfg.extra_env, **self.cfg.process_env.get(name, {})}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "MINEDRAFT_DRAIN_GRACE_S": str(self.cfg.drain_grace_s),
+               **self.cfg.extra_env, **self.cfg.process_env.get(name, {})}
         log = None
         if self.cfg.log_dir is not None:
             self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
@@ -71,6 +103,7 @@ class LocalStack:
             [sys.executable, "-m", module, *args], env=env, stdout=log, stderr=subprocess.STDOUT
             if log else None, start_new_session=True
         )
+        self.started_at[name] = time.monotonic()
 
     def start_verifier(self) -> None:
         c = self.cfg
@@ -97,6 +130,7 @@ class LocalStack:
             "batch-manager", "--tokenizer", c.tokenizer or c.target, "--host", c.host, "--grpc-port", str(c.grpc_port),
             "--http-port", str(c.http_port), "--mode", c.mode, "--k", str(c.k),
             "--max-num-seqs", str(c.max_num_seqs), "--data-plane-backend", c.data_plane_backend,
+            "--admin-port", str(self.admin_port),
             "--verifier-address", f"127.0.0.1:{self.target_port}",
             "--draft-address", f"127.0.0.1:{self.draft_port}" if c.mode != "ar" else "",
         ])
@@ -109,6 +143,7 @@ class LocalStack:
         self.wait_ready(timeout)
 
     def health(self) -> dict[str, object] | None:
+        """GET /health while it answers 200 (ok or degraded); None otherwise."""
         try:
             with urllib.request.urlopen(f"http://{self.cfg.host}:{self.cfg.http_port}/health", timeout=2) as r:
                 return json.loads(r.read())
@@ -132,18 +167,28 @@ class LocalStack:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
-    def stop(self, grace: float = 10.0) -> None:
+    def signal_all(self, sig: int) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, sig)
+
+    def stop(self, grace: float | None = None) -> dict[str, int]:
+        """SIGTERM to every service at once (they drain: the batch manager finishes what is in flight,
+        the workers serve it until it closes their streams), wait up to `grace` (default: the drain
+        grace plus a margin), then SIGKILL what is left. Returns each process's exit code."""
+        grace = self.cfg.drain_grace_s + STOP_MARGIN_S if grace is None else grace
+        self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace
+        codes: dict[str, int] = {}
         for name in list(self.procs):
             proc = self.procs[name]
             try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                codes[name] = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.kill(name)
+                codes[name] = proc.returncode
         self.procs.clear()
+        return codes
 
     def first_exit(self) -> tuple[str, int] | None:
         """A verifier or manager that died (the draft may come and go)."""
@@ -151,3 +196,32 @@ class LocalStack:
             if name != "draft" and proc.poll() is not None:
                 return name, proc.returncode
         return None
+
+    def _group(self, name: str) -> str:
+        return "verifier" if name.startswith("verifier") else name
+
+    def _starter(self, group: str) -> Callable[[], None]:
+        return {"verifier": self.start_verifier, "draft": self.start_draft, "batch-manager": self.start_manager}[group]
+
+    def supervise(self) -> list[str]:
+        """Reap children that exited and restart them, each group after its backoff (call it often).
+        Returns what it did, one line per event, for the launcher's output."""
+        events: list[str] = []
+        now = time.monotonic()
+        for name, proc in list(self.procs.items()):
+            if name not in self.procs or proc.poll() is None:  # killed with its group above, or running
+                continue
+            group = self._group(name)
+            for other in [n for n in self.procs if self._group(n) == group]:
+                if other != name:
+                    self.kill(other)  # a verifier rank alone cannot serve: restart all of them
+            del self.procs[name]
+            self.exits.append((name, proc.returncode))
+            delay = self.restarts.setdefault(group, Restarts()).failed(now - self.started_at.get(name, now))
+            events.append(f"{name} exited with code {proc.returncode}; restarting it in {delay:.1f} s")
+        for group, history in self.restarts.items():
+            if history.due is not None and now >= history.due:
+                history.due = None
+                self._starter(group)()
+                events.append(f"{group} restarted (restart {history.failures or 1} in a row)")
+        return events

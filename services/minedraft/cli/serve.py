@@ -1,4 +1,10 @@
-"""`minedraft serve`: the whole stack on one machine, stopped cleanly by Ctrl-C."""
+"""`minedraft serve`: the whole stack on one machine.
+
+A child that dies is reaped and restarted with backoff (the batch manager reconnects to a
+restarted verifier and brings a restarted draft service back into the loop). Ctrl-C or SIGTERM
+is forwarded to every child; the launcher waits for their drain (requests in flight finish)
+and exits 0 when every child did.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,12 @@ import signal
 import threading
 
 from minedraft.batch_manager.policy import MODES
+from minedraft.batch_manager.server_flags import DEFAULT_ADMIN_PORT, DEFAULT_DRAIN_GRACE_S
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
 from minedraft.cli.local_stack import LocalStack, StackConfig
+from minedraft.worker.settings import env
+
+SUPERVISE_EVERY_S = 0.5
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="where the public APIs listen")
     p.add_argument("--grpc-port", type=int, default=50051)
     p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--admin-port", type=int, default=DEFAULT_ADMIN_PORT,
+                   help="the admin API (/admin/policy), on 127.0.0.1 only")
     p.add_argument("--target-device", default="cpu")
     p.add_argument("--draft-device", default="cpu")
     p.add_argument("--mode", choices=MODES, default="psd")
@@ -25,30 +37,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker process")
     p.add_argument("--tp-size", type=int, default=1,
                    help="tensor-parallel ranks for the target; --target-device may list one device per rank")
+    p.add_argument("--drain-grace-s", type=float, default=float(env("DRAIN_GRACE_S", str(DEFAULT_DRAIN_GRACE_S))),
+                   help="on Ctrl-C / SIGTERM, seconds requests in flight may take to finish [MINEDRAFT_DRAIN_GRACE_S]")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     stack = LocalStack(StackConfig(
         target=args.target, draft=args.draft, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
-        target_device=args.target_device, draft_device=args.draft_device, mode=args.mode, k=args.k,
-        threads=args.threads, tp_size=args.tp_size,
+        admin_port=args.admin_port, target_device=args.target_device, draft_device=args.draft_device,
+        mode=args.mode, k=args.k, threads=args.threads, tp_size=args.tp_size, drain_grace_s=args.drain_grace_s,
     ))
     stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stop.is_set():  # a second Ctrl-C: the services cut their drain short
+            stack.signal_all(signum)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
+    codes: dict[str, int] = {}
     try:
         stack.start()
         print(f"minedraft is serving (mode {args.mode}, k={args.k}):")
         print(f"  gRPC  {args.host}:{args.grpc_port}   (minedraft.v1.Generation, health, reflection)")
         print(f"  HTTP  http://{args.host}:{args.http_port}/v1   (OpenAI-compatible; /health, /v1/models)")
+        print(f"  admin http://127.0.0.1:{stack.admin_port}/admin/policy   (live policy)")
         print("Press Ctrl-C to stop.", flush=True)
-        while not stop.wait(0.5):
-            died = stack.first_exit()
-            if died is not None:
-                print(f"minedraft: {died[0]} exited with code {died[1]}; stopping")
-                return 1
-        return 0
+        while not stop.wait(SUPERVISE_EVERY_S):
+            for event in stack.supervise():
+                print(f"minedraft: {event}", flush=True)
+        print("minedraft: stopping: the services finish the requests in flight first", flush=True)
     finally:
-        stack.stop()
-        print("minedraft: stopped")
+        codes = stack.stop()
+        print("minedraft: stopped (" + ", ".join(f"{name} exited {code}" for name, code in codes.items()) + ")",
+              flush=True)
+    return 0 if codes and all(code == 0 for code in codes.values()) else 1

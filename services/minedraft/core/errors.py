@@ -10,7 +10,14 @@ class ModelLoadError(MinedraftError):
 
 
 class InvalidRequestError(MinedraftError, ValueError):
-    """A request's prompt or sampling parameters cannot be served as given."""
+    """A request's prompt or sampling parameters cannot be served as given.
+
+    `param` names the request field to change (the OpenAI error's `param`), when one is to blame.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class OutOfBlocksError(MinedraftError):

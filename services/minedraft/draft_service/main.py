@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from minedraft.draft_service.executor import DraftExecutor
-from minedraft.engine.drafter import Drafter
-from minedraft.engine.loader import load_model
-from minedraft.engine.runner import ModelRunner
-from minedraft.worker.process import ModelLoader, prepare_process, run_worker
 from minedraft.worker.settings import add_worker_flags
+
+if TYPE_CHECKING:
+    from minedraft.worker.process import ModelLoader
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,9 +17,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, load: ModelLoader = load_model) -> int:
+def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
+    # torch and the engine load here, not on import: `minedraft batch-manager`, whose image has
+    # no torch, imports this module for its flags.
+    from minedraft.draft_service.executor import DraftExecutor
+    from minedraft.engine.drafter import Drafter
+    from minedraft.engine.loader import load_model
+    from minedraft.engine.runner import ModelRunner
+    from minedraft.worker.process import prepare_process, run_worker
+
     def make_executor(runner: ModelRunner) -> DraftExecutor:
         return DraftExecutor(Drafter(runner))
 
     prepare_process(args, "draft service")
-    return run_worker(args, "draft service", make_executor, load=load)
+    return run_worker(args, "draft service", make_executor, load=load or load_model)

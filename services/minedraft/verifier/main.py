@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
+import threading
+from typing import TYPE_CHECKING
 
-import torch
+from minedraft.worker.settings import DRAIN_MARGIN_S, add_worker_flags
 
-from minedraft.engine.loader import load_model
-from minedraft.engine.runner import ModelRunner
-from minedraft.engine.verifier import Verifier
-from minedraft.verifier.executor import VerifierExecutor, follow
-from minedraft.worker.data_plane import host_store
-from minedraft.worker.process import ModelLoader, load_runner, prepare_process, run_worker
-from minedraft.worker.settings import add_worker_flags
-from minedraft.worker.tp_group import KIND_STOP, StepBroadcast, join_tp_group
+if TYPE_CHECKING:
+    from minedraft.worker.process import ModelLoader
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +21,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, load: ModelLoader = load_model) -> int:
+def exit_if_rank0_never_stops(grace_s: float) -> None:
+    """A rank > 0 leaves when rank 0 tells it to (after rank 0's drain); SIGTERM, which every
+    container of the pod gets, only starts a watchdog in case rank 0 is gone."""
+
+    def on_signal(*_: object) -> None:
+        watchdog = threading.Timer(grace_s, lambda: os._exit(0))
+        watchdog.daemon = True
+        watchdog.start()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+
+def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
+    # torch and the engine load here, not on import: `minedraft batch-manager`, whose image has
+    # no torch, imports this module for its flags.
+    import torch
+
+    from minedraft.engine.loader import load_model
+    from minedraft.engine.runner import ModelRunner
+    from minedraft.engine.verifier import Verifier
+    from minedraft.verifier.executor import VerifierExecutor, follow
+    from minedraft.worker.data_plane import host_store
+    from minedraft.worker.process import load_runner, prepare_process, run_worker
+    from minedraft.worker.tp_group import KIND_STOP, StepBroadcast, join_tp_group
+
+    load = load or load_model
     prepare_process(args, "verifier" if args.tp_rank == 0 else f"verifier-tp{args.tp_rank}")
     tp = None
     channel = None
@@ -35,12 +59,13 @@ def run(args: argparse.Namespace, load: ModelLoader = load_model) -> int:
         assert channel is not None
         worker = Verifier(load_runner(args, tp, load))
         logging.info("tensor-parallel rank %d of %d following rank 0", tp.rank, tp.size)
+        exit_if_rank0_never_stops(args.drain_grace_s + DRAIN_MARGIN_S)
         follow(worker, channel)
         return 0
 
     def make_executor(runner: ModelRunner) -> VerifierExecutor:
         store = host_store(args.host, args.data_port)
-        logging.info("data plane rendezvous store on %s:%d", args.host, store.port)
+        logging.info("data plane rendezvous store listening on %s:%d only", args.host, store.port)
         return VerifierExecutor(Verifier(runner), store, args.host, store.port, channel)
 
     try:

@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -21,7 +22,7 @@ from minedraft.observability.tracing import tracer_from_env
 from minedraft.observability.worker_telemetry import WorkerTelemetry
 from minedraft.worker.nccl_report import nccl_log
 from minedraft.worker.server import StepExecutor, serve_worker
-from minedraft.worker.settings import pin_cpus
+from minedraft.worker.settings import DRAIN_MARGIN_S, pin_cpus
 
 
 def select_device(device: str) -> None:
@@ -67,8 +68,9 @@ def worker_telemetry(args: argparse.Namespace, executor: StepExecutor) -> Worker
         return None
     telemetry = WorkerTelemetry(executor.role, executor.info, tracer, args.trace_step_every)
     if args.metrics_port:
-        start_http_server(args.metrics_port, args.host, registry=telemetry.registry)
-        logging.info("metrics on http://%s:%d/metrics", args.host, args.metrics_port)
+        host = args.metrics_host or args.host
+        start_http_server(args.metrics_port, host, registry=telemetry.registry)
+        logging.info("metrics on http://%s:%d/metrics", host, args.metrics_port)
     return telemetry
 
 
@@ -76,10 +78,17 @@ def run_worker(
     args: argparse.Namespace, name: str, make_executor: Callable[[ModelRunner], StepExecutor],
     tp: TPContext | None = None, load: ModelLoader = load_model,
 ) -> int:
-    """Load the model, serve the control plane until a signal, then stop cleanly."""
+    """Load the model, serve the control plane until a signal, then drain: keep serving the
+    connected batch manager until it closes its stream (it drains first), and exit 0."""
     executor = make_executor(load_runner(args, tp, load))
-    server, port = serve_worker(executor, args.host, args.port, worker_telemetry(args, executor))
-    logging.info("%s ready on %s:%d", name, args.host, port)
+    server = serve_worker(executor, args.host, args.port, worker_telemetry(args, executor), args.health_host,
+                          args.health_port)
+    probes = f", health also on {args.health_host}:{args.health_port}" if args.health_port else ""
+    logging.info("%s ready on %s:%d%s", name, args.host, server.port, probes)
     wait_for_signal()
-    server.stop(grace=2).wait()
+    started = time.monotonic()
+    logging.info("%s: shutting down once the batch manager has closed its stream", name)
+    clean = server.shutdown(args.drain_grace_s + DRAIN_MARGIN_S)
+    logging.info("%s: stopped after %.1f s (%s)", name, time.monotonic() - started,
+                 "drained" if clean else "the batch manager did not close its stream in time")
     return 0

@@ -3,6 +3,10 @@
 Plans arrive on a bidi stream and are executed in order by one loop thread; the loop
 never waits on gRPC except to read the next plan, and the batch manager keeps plans
 queued ahead of it. Events go back through a queue the gRPC handler drains.
+
+Shutting down (SIGTERM) is a drain: health turns NOT_SERVING and new streams are refused,
+but a batch manager already connected keeps being served until it closes its stream (it
+does so after its own drain, after the last step), then the process exits 0.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -50,7 +55,8 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
     def __init__(self, executor: StepExecutor, telemetry: WorkerTelemetry | None = None) -> None:
         self.executor = executor
         self.telemetry = telemetry
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held for the whole life of a batch manager's stream
+        self._draining = threading.Event()
 
     def Info(self, request: control_pb2.InfoRequest, context: grpc.ServicerContext) -> control_pb2.WorkerInfo:
         return self.executor.info()
@@ -58,6 +64,8 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
     def Control(
         self, request_iterator: Iterator[control_pb2.ControlMessage], context: grpc.ServicerContext
     ) -> Iterator[control_pb2.WorkerEvent]:
+        if self._draining.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "this worker is shutting down")
         if not self._lock.acquire(blocking=False):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "another batch manager is already connected")
         loop: threading.Thread | None = None
@@ -75,6 +83,15 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
                 loop.join(timeout=LOOP_EXIT_TIMEOUT_S)
             self.executor.reset()
             self._lock.release()
+
+    def drain(self, grace_s: float) -> bool:
+        """Refuse new streams; wait up to `grace_s` for the connected batch manager to close its
+        stream (and its last step to end). True when it did."""
+        self._draining.set()
+        deadline = time.monotonic() + grace_s
+        while self._lock.locked() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self._lock.locked()
 
     def _run(self, messages: Iterator[control_pb2.ControlMessage], events: queue.Queue) -> None:
         bind_thread_to_device(self.executor.device)
@@ -135,14 +152,47 @@ def bind_thread_to_device(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
-def serve_worker(executor: StepExecutor, host: str, port: int,
-                 telemetry: WorkerTelemetry | None = None) -> tuple[grpc.Server, int]:
-    """Start the control server (with gRPC health checking); returns it and its bound port."""
+@dataclass(slots=True)
+class WorkerServer:
+    """The control server, its health service and (optionally) a health-only server for probes."""
+
+    server: grpc.Server
+    port: int
+    servicer: WorkerServicer
+    health: health.HealthServicer
+    probe_server: grpc.Server | None = None
+
+    def shutdown(self, grace_s: float) -> bool:
+        """NOT_SERVING, then serve the connected batch manager until it leaves (up to `grace_s`), then
+        stop. True when it left in time (a clean drain)."""
+        self.health.enter_graceful_shutdown()
+        clean = self.servicer.drain(grace_s)
+        for server in (self.server, self.probe_server):
+            if server is not None:
+                server.stop(grace=2).wait()
+        return clean
+
+
+def serve_worker(executor: StepExecutor, host: str, port: int, telemetry: WorkerTelemetry | None = None,
+                 health_host: str = "0.0.0.0", health_port: int = 0) -> WorkerServer:
+    """Start the control server (with gRPC health checking) on host:port, and with `health_port`
+    a second server answering only grpc.health.v1 there (the control port can stay on loopback
+    while the kubelet probes the pod IP)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    control_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(executor, telemetry), server)
+    servicer = WorkerServicer(executor, telemetry)
+    control_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the control port {host}:{port}")
+    probe_server = None
+    if health_port:
+        probe_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, probe_server)
+        if probe_server.add_insecure_port(f"{health_host}:{health_port}") == 0:
+            raise OSError(f"cannot bind the health port {health_host}:{health_port}")
+        probe_server.start()
     server.start()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    return server, bound
+    return WorkerServer(server, bound, servicer, health_servicer, probe_server)

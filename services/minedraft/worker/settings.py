@@ -7,6 +7,8 @@ import os
 
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
 
+DRAIN_MARGIN_S = 10.0  # workers wait this much beyond the drain grace: the manager's preStop and shutdown
+
 
 def env(name: str, default: str) -> str:
     return os.environ.get(f"MINEDRAFT_{name}", default)
@@ -16,9 +18,19 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
     model_default = str(TINY_TARGET if role == "verifier" else TINY_DRAFT)
     port_default = "50061" if role == "verifier" else "50062"
     parser.add_argument("--model", default=env("MODEL", model_default), help="HF model folder [MINEDRAFT_MODEL]")
-    parser.add_argument("--host", default=env("HOST", "127.0.0.1"), help="bind address [MINEDRAFT_HOST]")
+    parser.add_argument("--host", default=env("HOST", "127.0.0.1"),
+                        help="bind address of the control port and (verifier) the data-plane store; keep it "
+                             "loopback (pod-local) unless the batch manager runs elsewhere [MINEDRAFT_HOST]")
     parser.add_argument("--port", type=int, default=int(env("PORT", port_default)),
                         help="control-plane gRPC port [MINEDRAFT_PORT]")
+    parser.add_argument("--health-port", type=int, default=int(env("HEALTH_PORT", "0")),
+                        help="also serve grpc.health.v1 (only) on this port, e.g. for kubelet probes of a "
+                             "loopback control port; 0 = off [MINEDRAFT_HEALTH_PORT]")
+    parser.add_argument("--health-host", default=env("HEALTH_HOST", "0.0.0.0"),
+                        help="bind address of --health-port [MINEDRAFT_HEALTH_HOST]")
+    parser.add_argument("--drain-grace-s", type=float, default=float(env("DRAIN_GRACE_S", "25")),
+                        help="on SIGTERM, keep serving a connected batch manager while it drains (this long plus "
+                             "a margin), then exit 0 [MINEDRAFT_DRAIN_GRACE_S]")
     parser.add_argument("--device", default=env("DEVICE", "cpu"), help="torch device [MINEDRAFT_DEVICE]")
     parser.add_argument("--dtype", default=env("DTYPE", "float32"), help="weight dtype [MINEDRAFT_DTYPE]")
     parser.add_argument("--num-blocks", type=int, default=int(env("NUM_BLOCKS", "4096")),
@@ -31,6 +43,8 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                         help="pin this process to these CPU cores, e.g. 0 or 0-3 [MINEDRAFT_CPU]")
     parser.add_argument("--metrics-port", type=int, default=int(env("METRICS_PORT", "0")),
                         help="serve this worker's Prometheus /metrics here, 0 = off [MINEDRAFT_METRICS_PORT]")
+    parser.add_argument("--metrics-host", default=env("METRICS_HOST", ""),
+                        help="bind address of --metrics-port (default: --host) [MINEDRAFT_METRICS_HOST]")
     parser.add_argument("--trace-step-every", type=int, default=int(env("TRACE_STEP_EVERY", "100")),
                         help="with tracing on (OTEL_*), one step span per this many steps [MINEDRAFT_TRACE_STEP_EVERY]")
     if role == "verifier":
