@@ -13,15 +13,15 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || { echo "wheel install failed"; exit 3; }
 export PYTHONPATH="/tmp/site:$PWD/services:$PWD"
-PYTEST=(python3 -m pytest -q -rs -p no:cacheprovider)
+PYTEST=(python3 -m pytest -rs -p no:cacheprovider)  # pyproject's addopts already has -q
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 if [ -z "${SKIP_KERNELS:-}" ]; then
   timeout 400 "${PYTEST[@]}" tests/gpu/test_paged_attention_kernels.py tests/gpu/test_fused_kernels.py \
     tests/gpu/test_cuda_graph_kernels.py > "$OUT/kernels.txt" 2>&1
-  echo "kernel tests exit $?"; tail -5 "$OUT/kernels.txt"
+  echo "kernel tests exit $?"; grep -E "passed|failed|error" "$OUT/kernels.txt" | tail -3
 fi
 timeout 300 "${PYTEST[@]}" -s tests/gpu/test_engine_on_cuda.py > "$OUT/engine_check.txt" 2>&1
-echo "engine tests exit $?"; grep -E "agreement|passed|failed|SKIPPED" "$OUT/engine_check.txt" | tail -8
+echo "engine tests exit $?"; grep -E "agreement|passed|failed|error|SKIPPED" "$OUT/engine_check.txt" | tail -8
 python3 -m minedraft.cli.main bench gpu --out "$OUT/bench" "$@" > "$OUT/bench.log" 2>&1
 echo "bench exit $?"
 tail -30 "$OUT/bench.log"
