@@ -2,7 +2,7 @@
 
 The model calls these three functions; with the "triton" attention backend they run the
 kernels in `engine/cuda/fused_kernels.py`, otherwise the torch code below, which is the
-reference the kernels are checked against (`scripts/check_cuda_kernels.py`).
+reference the kernels are checked against (`tests/gpu/test_fused_kernels.py`).
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class CausalLM(nn.Module):
     """The full model: hidden states from `forward`, logits from `logits`.
 
     `fuse_projections` must run once the weights are on their device (load_model and
-    build_synthetic do it) before the first forward."""
+    minedraft.bench.synthetic_pair do it) before the first forward."""
 
     def __init__(self, cfg: ModelConfig, reduce: Reduce = _identity) -> None:
         super().__init__()
