@@ -6,6 +6,7 @@
     minedraft bench gpu [flags]         the GPU sweep (gpu/sweep.py)
     minedraft bench gpu-report FILE     re-render a sweep's results.json (gpu/report.py)
     minedraft bench kernels             time the Triton attention kernel (gpu/attention_kernels.py)
+    minedraft bench observability       PSD with metrics on vs off (observability_overhead.py)
 
 A benchmark's module (and torch with it) is imported when its command runs, not when the
 parser is built.
@@ -29,6 +30,8 @@ NAMED = {  # name: (module with run(args), flags, help)
                    "markdown tables and a plot from a GPU sweep's results.json"),
     "kernels": ("minedraft.bench.gpu.attention_kernels", flags.add_kernel_timing_flags,
                 "decode/verify timing of the Triton attention kernel (CUDA)"),
+    "observability": ("minedraft.bench.observability_overhead", flags.add_sd_vs_psd_flags,
+                      "PSD through the services with the batch manager's metrics on vs off"),
 }
 
 
