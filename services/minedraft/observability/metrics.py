@@ -75,28 +75,49 @@ class ServingMetrics:
         self.fallbacks = counter("minedraft:speculation_fallbacks",
                                  "Times speculation fell back to plain decoding (draft service lost).")
         self.registry.register(_StatusGauges(model_name, status))
+        # Children bound once: a labels() lookup per event would sit on the step loop's path.
+        self._prompt = self.prompt_tokens.labels(model_name)
+        self._generated = self.generation_tokens.labels(model_name)
+        self._ttft = self.ttft.labels(model_name)
+        self._itl = self.itl.labels(model_name)
+        self._tpot = self.tpot.labels(model_name)
+        self._e2e = self.e2e.labels(model_name)
+        self._queue = self.queue_time.labels(model_name)
+        self._drafts = self.num_drafts.labels(model_name)
+        self._draft_tokens = self.draft_tokens.labels(model_name)
+        self._accepted = self.accepted_tokens.labels(model_name)
+        self._verify = self.verify_time.labels(model_name)
+        self._draft = self.draft_time.labels(model_name)
+        self._data_plane = self.data_plane_time.labels(model_name)
+        self._overlap = self.overlap.labels(model_name)
+        self._per_pos: dict[int, object] = {}
+        self._step_kind: dict[str, object] = {}
+        self._success: dict[str, object] = {}
 
     # ----- requests -------------------------------------------------------------------------
 
     def request_admitted(self, queue_seconds: float) -> None:
-        self.queue_time.labels(self.model_name).observe(queue_seconds)
+        self._queue.observe(queue_seconds)
 
     def tokens_streamed(self, count: int, since_previous: float | None) -> None:
         """`count` tokens reached a client; `since_previous` is None for the request's first tokens."""
-        self.generation_tokens.labels(self.model_name).inc(count)
+        self._generated.inc(count)
         if since_previous is not None:
-            self.itl.labels(self.model_name).observe(since_previous)
+            self._itl.observe(since_previous)
 
     def first_token(self, seconds_since_arrival: float) -> None:
-        self.ttft.labels(self.model_name).observe(seconds_since_arrival)
+        self._ttft.observe(seconds_since_arrival)
 
     def request_finished(self, reason: str, prompt_tokens: int, output_tokens: int, e2e_seconds: float,
                          decode_seconds: float | None) -> None:
-        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
-        self.request_success.labels(self.model_name, reason).inc()
-        self.e2e.labels(self.model_name).observe(e2e_seconds)
+        self._prompt.inc(prompt_tokens)
+        success = self._success.get(reason)
+        if success is None:
+            success = self._success[reason] = self.request_success.labels(self.model_name, reason)
+        success.inc()  # type: ignore[attr-defined]
+        self._e2e.observe(e2e_seconds)
         if decode_seconds is not None and output_tokens > 1:
-            self.tpot.labels(self.model_name).observe(decode_seconds / (output_tokens - 1))
+            self._tpot.observe(decode_seconds / (output_tokens - 1))
 
     # ----- speculation and steps ------------------------------------------------------------
 
@@ -104,26 +125,30 @@ class ServingMetrics:
         """One verify step: every sequence carried `drafted_per_seq` drafts (0: an AR step)."""
         if not drafted_per_seq or not accepted:
             return
-        m = self.model_name
-        self.num_drafts.labels(m).inc(len(accepted))
-        self.draft_tokens.labels(m).inc(drafted_per_seq * len(accepted))
-        self.accepted_tokens.labels(m).inc(sum(accepted))
+        self._drafts.inc(len(accepted))
+        self._draft_tokens.inc(drafted_per_seq * len(accepted))
+        self._accepted.inc(sum(accepted))
         for position in range(drafted_per_seq):
             hits = sum(1 for a in accepted if a > position)
             if hits:
-                self.accepted_per_pos.labels(m, str(position)).inc(hits)
+                child = self._per_pos.get(position)
+                if child is None:
+                    child = self._per_pos[position] = self.accepted_per_pos.labels(self.model_name, str(position))
+                child.inc(hits)  # type: ignore[attr-defined]
 
     def step(self, kind: str, wall_s: float, verify_s: float, draft_s: float | None, data_plane_s: float) -> None:
         """A verified step; `draft_s` is the draft service's share of the same step when it drafted."""
-        m = self.model_name
         if wall_s > 0:
-            self.step_time.labels(m, kind).observe(wall_s)
-        self.verify_time.labels(m).observe(verify_s)
-        self.data_plane_time.labels(m).observe(data_plane_s)
+            child = self._step_kind.get(kind)
+            if child is None:
+                child = self._step_kind[kind] = self.step_time.labels(self.model_name, kind)
+            child.observe(wall_s)  # type: ignore[attr-defined]
+        self._verify.observe(verify_s)
+        self._data_plane.observe(data_plane_s)
         if draft_s is not None:
-            self.draft_time.labels(m).observe(draft_s)
+            self._draft.observe(draft_s)
             if kind == "psd" and wall_s > 0:
-                self.overlap.labels(m).observe(min(1.0, max(draft_s, verify_s) / wall_s))
+                self._overlap.observe(min(1.0, max(draft_s, verify_s) / wall_s))
 
     def moved(self, sequences: int) -> None:
         if sequences:
