@@ -27,6 +27,7 @@ from minedraft.batch_manager.worker_link import GrpcWorkerLink
 from minedraft.core.errors import ModelLoadError
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
+from minedraft.worker.placement import COLOCATED_VERIFIER_ROLE, draft_on_verifier_gpu, same_gpu_message
 
 log = logging.getLogger(__name__)
 FAULT_STATES = (DraftState.LOST_AR, DraftState.RECOVERING)  # speculation off because something broke
@@ -72,11 +73,18 @@ class Coordinator:
         limits = KvLimits(vinfo.max_context, self.tokenizer.vocab_size, vinfo.num_blocks, vinfo.block_size or 16)
         d.eos_ids = self.tokenizer.stop_ids(vinfo.eos_token_ids)
         await d.verifier.open(d.on_verifier_event, d.on_verifier_lost)
+        if vinfo.role == COLOCATED_VERIFIER_ROLE:
+            log.info("the verifier drafts on its own GPU (colocated draft): no draft service, no data plane")
+            if d.draft.link is not None:
+                await d.draft.link.close()  # a configured draft service is not used
+            d.draft.colocate()
         if d.draft.link is not None:
             dinfo = await d.draft.link.info(timeout=connect_timeout)
             if dinfo.vocab_size != vinfo.vocab_size:
                 raise ModelLoadError(f"verifier and draft have different vocabularies ({vinfo.vocab_size} vs "
                                      f"{dinfo.vocab_size} tokens)")
+            if draft_on_verifier_gpu(vinfo.device, dinfo.device):
+                raise ModelLoadError(same_gpu_message(vinfo.device, dinfo.device))
             limits.max_context = min(limits.max_context, dinfo.max_context)
             limits.block_budget = min(limits.block_budget, dinfo.num_blocks)
         self.admission.limits = limits

@@ -76,8 +76,23 @@ class DraftSupervisor:
         self.reason = ""  # why the draft service last left the loop (for /health while degraded)
         self._replies: dict[str, asyncio.Future[control_pb2.WorkerEvent]] = {}
         self._recovery: asyncio.Task | None = None
+        self.colocated = False  # the verifier drafts on its own GPU (no draft link, no data plane)
 
     # ----- moves ------------------------------------------------------------------------
+
+    def colocate(self) -> None:
+        """The verifier loaded the draft model itself (--colocated-draft): drafting from the start,
+        for good; a configured draft service is left out. Loss and recovery do not apply."""
+        self.link = None
+        self.colocated = True
+        self.state = DraftLinkState(has_draft=True)
+        self.state.to(S.DRAFTING)
+        self.transport = "colocated"
+
+    @property
+    def sends_plans(self) -> bool:
+        """Plans and verdicts go to a draft service (not while it is out of the loop, nor when colocated)."""
+        return self.state.connected and self.link is not None
 
     async def start(self) -> None:
         """Form the first epoch; when that fails, keep retrying in the background."""
@@ -92,6 +107,8 @@ class DraftSupervisor:
 
     def lost(self, why: str = "draft service lost") -> None:
         """Either side reported the draft service or the data plane gone (or the verifier died)."""
+        if self.colocated:  # the draft lives in the verifier: it goes and comes back with it
+            return
         if self.state.state in (S.CONNECTING, S.RECOVERING):
             self._fail_reply("draft", DraftGoneError(f"{why} during data-plane setup"))
             return

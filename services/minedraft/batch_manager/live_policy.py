@@ -16,7 +16,7 @@ async def apply_policy(driver: StepDriver, changes: dict[str, object]) -> dict[s
     check_policy(changes)
     new = replace(driver.config, **changes)
     new.validate()
-    if driver.draft.link is None and new.mode != "ar":
+    if driver.draft.link is None and not driver.draft.colocated and new.mode != "ar":
         raise InvalidRequestError("this deployment has no draft service; only mode 'ar' is possible", param="mode")
     async with driver.draining():
         driver.config = new

@@ -103,7 +103,7 @@ class StepDriver:
         if with_drafts:
             self.observer.moved(len(self.sched.rebalance()))
         batches = self.sched.plan(self.step, with_drafts)
-        to_draft = self.draft.state.connected  # it gets every plan and verdict, drafting or not
+        to_draft = self.draft.sends_plans  # it gets every plan and verdict, drafting or not
         fields = {"step": self.step, "remove": self.pending_remove, "draft_batch": batches.draft,
                   "verify_batch": batches.verify, "k": self.config.k, "with_drafts": with_drafts,
                   "send_verdict": to_draft}

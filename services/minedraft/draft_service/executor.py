@@ -13,6 +13,7 @@ from minedraft.proto import control_pb2
 from minedraft.worker.data_plane import DRAFT_RANK, DataPlane, DataPlaneError, DraftPayload, PlaneOwner, setup_timeout_s
 from minedraft.worker.info import worker_info
 from minedraft.worker.membership import apply_membership, forget_all
+from minedraft.worker.placement import device_identity
 from minedraft.worker.step_timing import timed
 
 log = logging.getLogger(__name__)
@@ -88,5 +89,7 @@ class DraftExecutor(PlaneOwner):
         return event
 
     def info(self) -> control_pb2.WorkerInfo:
-        return worker_info(self.worker, self.role, self.last_step,
+        info = worker_info(self.worker, self.role, self.last_step,
                            transport=self.plane.transport if self.plane is not None else "")
+        info.device = device_identity(self.device)  # the GPU's UUID: the manager refuses the verifier's GPU
+        return info

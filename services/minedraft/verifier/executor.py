@@ -11,6 +11,7 @@ from minedraft.engine.drafter import Proposal
 from minedraft.engine.transfer import to_device
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
+from minedraft.verifier.colocated import ColocatedDrafter
 from minedraft.worker.data_plane import (
     VERIFIER_RANK,
     DataPlane,
@@ -22,6 +23,7 @@ from minedraft.worker.data_plane import (
 )
 from minedraft.worker.info import worker_info
 from minedraft.worker.membership import apply_membership, forget_all
+from minedraft.worker.placement import COLOCATED_VERIFIER_ROLE, device_identity
 from minedraft.worker.step_timing import timed
 from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, KIND_STOP, StepBroadcast
 
@@ -71,8 +73,10 @@ class VerifierExecutor(PlaneOwner):
         store_host: str,
         store_port: int,
         followers: StepBroadcast | None = None,
+        colocated: ColocatedDrafter | None = None,
     ) -> None:
         self.worker = worker
+        self.colocated = colocated  # the draft model on this GPU (--colocated-draft): SD without a draft service
         self.followers = followers  # tensor-parallel ranks 1..N-1, driven step by step
         self.device = worker.runner.device
         self.store = store
@@ -86,6 +90,8 @@ class VerifierExecutor(PlaneOwner):
         if self.followers is not None:
             self.followers.send(KIND_RESET)
         forget_all(self.worker)
+        if self.colocated is not None:
+            self.colocated.reset()
         self._drop_plane()
         self.drafts_pending = False
 
@@ -100,6 +106,8 @@ class VerifierExecutor(PlaneOwner):
         return control_pb2.WorkerEvent(step=-1, setup_done=True, transport=self.plane.transport, epoch=setup.epoch)
 
     def _receive_drafts(self, timing: control_pb2.StepTiming) -> DraftPayload | None:
+        if self.colocated is not None:
+            return self.colocated.take()
         if not self.drafts_pending or self.plane is None:
             return None
         with timed(timing, "recv_wait_ms"):
@@ -118,6 +126,8 @@ class VerifierExecutor(PlaneOwner):
         self.drafts_pending = plan.with_drafts and len(plan.draft_batch) > 0 and self.plane is not None
         with timed(timing, "control_ms"):
             apply_membership(self.worker, plan)
+            if self.colocated is not None:
+                self.colocated.apply_membership(plan)
         ids = verify_ids(self.worker, plan)
         timing.batch = len(ids)
         if ids:
@@ -129,9 +139,13 @@ class VerifierExecutor(PlaneOwner):
                 verdict = self.worker.verify(ids, proposal)
             counts = verdict.counts.tolist()
             rows = verdict.tokens.tolist()
+            accepted_list = verdict.accepted.tolist()
             event.verdicts.seq_ids.extend(ids)
             event.verdicts.counts.extend(counts)
-            event.verdicts.accepted.extend(verdict.accepted.tolist())
+            event.verdicts.accepted.extend(accepted_list)
+            if self.colocated is not None:
+                with timed(timing, "control_ms"):
+                    self.colocated.commit(ids, rows, accepted_list)
             event.verdicts.tokens.extend(t for row, c in zip(rows, counts, strict=True) for t in row[:c])
             tokens, accepted = verdict.tokens, verdict.accepted
         else:
@@ -139,6 +153,9 @@ class VerifierExecutor(PlaneOwner):
                 self.followers.send(KIND_PLAN, plan, None)
             tokens = torch.zeros((0, plan.k + 1), dtype=torch.long)
             accepted = torch.zeros(0, dtype=torch.long)
+        if self.colocated is not None and plan.with_drafts and len(plan.draft_batch) > 0:
+            with timed(timing, "compute_ms"):
+                self.colocated.draft(plan)
         if plan.send_verdict and len(plan.verify_batch) > 0 and self.plane is not None:
             self._send_verdict(VerdictPayload(plan.step, ids, tokens, accepted), timing, event)
         self.last_step = plan.step
@@ -156,6 +173,9 @@ class VerifierExecutor(PlaneOwner):
             event.data_plane_lost = True
 
     def info(self) -> control_pb2.WorkerInfo:
-        return worker_info(self.worker, self.role, self.last_step, data_plane_addr=self.store_host,
+        role = self.role if self.colocated is None else COLOCATED_VERIFIER_ROLE
+        info = worker_info(self.worker, role, self.last_step, data_plane_addr=self.store_host,
                            data_plane_port=self.store_port,
                            transport=self.plane.transport if self.plane is not None else "")
+        info.device = device_identity(self.device)  # the GPU's UUID: the manager refuses a draft on it
+        return info

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from minedraft.worker.settings import DRAIN_MARGIN_S, add_worker_flags
 
 if TYPE_CHECKING:
+    from minedraft.verifier.colocated import ColocatedDrafter
     from minedraft.worker.process import ModelLoader
 
 
@@ -32,6 +33,20 @@ def exit_if_rank0_never_stops(grace_s: float) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+
+
+def colocated_drafter(args: argparse.Namespace, load: ModelLoader) -> ColocatedDrafter | None:
+    """--colocated-draft: the draft model on rank 0's GPU, with its own KV cache of --num-blocks."""
+    if not args.colocated_draft:
+        return None
+    from minedraft.engine.drafter import Drafter
+    from minedraft.engine.loader import parse_dtype
+    from minedraft.engine.runner import ModelRunner
+    from minedraft.verifier.colocated import ColocatedDrafter
+
+    model = load(args.colocated_draft, args.device, parse_dtype(args.dtype))
+    logging.info("colocated draft %s on %s: standard SD without a draft service", args.colocated_draft, args.device)
+    return ColocatedDrafter(Drafter(ModelRunner(model, args.num_blocks, args.block_size, args.device)))
 
 
 def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
@@ -66,7 +81,8 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     def make_executor(runner: ModelRunner) -> VerifierExecutor:
         store = host_store(args.host, args.data_port)
         logging.info("data plane rendezvous store listening on %s:%d only", args.host, store.port)
-        return VerifierExecutor(Verifier(runner), store, args.host, store.port, channel)
+        return VerifierExecutor(Verifier(runner), store, args.host, store.port, channel,
+                                colocated_drafter(args, load))
 
     try:
         return run_worker(args, "verifier", make_executor, tp, load)

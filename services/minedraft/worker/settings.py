@@ -56,6 +56,10 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                             help="host:port of rank 0's tensor-parallel rendezvous [MINEDRAFT_TP_ADDR]")
         parser.add_argument("--data-port", type=int, default=int(env("DATA_PORT", "0")),
                             help="data-plane rendezvous port, 0 = any free [MINEDRAFT_DATA_PORT]")
+        parser.add_argument("--colocated-draft", default=env("COLOCATED_DRAFT", ""),
+                            help="draft model folder to load on this verifier's (rank 0's) GPU and run standard SD "
+                                 "without a draft service; empty = drafts come from a draft service "
+                                 "[MINEDRAFT_COLOCATED_DRAFT]")
 
 
 def pin_cpus(spec: str) -> None:

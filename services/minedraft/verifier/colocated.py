@@ -1,0 +1,46 @@
+"""Standard SD on the verifier's own GPU: the draft model loaded beside the target (`--colocated-draft`).
+
+The paper's baseline, a deployment for users without a spare GPU. The batch manager drives it
+as it drives a draft service (a plan's draft batch drafts, the next plan verifies it), but the
+drafts stay in this process: no data plane, no draft service. After each verify the verdict is
+committed to the draft model's KV here, as the draft service commits the verdicts it receives.
+"""
+
+from __future__ import annotations
+
+from minedraft.engine.drafter import Drafter
+from minedraft.proto import control_pb2
+from minedraft.worker.data_plane import DraftPayload
+from minedraft.worker.membership import apply_membership, forget_all
+
+
+class ColocatedDrafter:
+    """A Drafter on the verifier's device plus the one proposal waiting for its verify step."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter = drafter
+        self.pending: DraftPayload | None = None
+
+    def reset(self) -> None:
+        forget_all(self.drafter)
+        self.pending = None
+
+    def apply_membership(self, plan: control_pb2.StepPlan) -> None:
+        apply_membership(self.drafter, plan)
+
+    def take(self) -> DraftPayload | None:
+        """The drafts of the previous plan's draft batch (None when it drafted nothing)."""
+        payload, self.pending = self.pending, None
+        return payload
+
+    def commit(self, seq_ids: list[int], rows: list[list[int]], accepted: list[int]) -> None:
+        """The verifier's tokens for every verified sequence (AR steps too: the copies stay complete)."""
+        for seq_id, row, n in zip(seq_ids, rows, accepted, strict=True):
+            if seq_id in self.drafter.seqs:
+                self.drafter.commit(seq_id, row[: n + 1], n)
+
+    def draft(self, plan: control_pb2.StepPlan) -> None:
+        """Propose k tokens for the plan's draft batch; the next plan verifies them."""
+        ids = list(plan.draft_batch)
+        proposal = self.drafter.propose(ids, plan.k)
+        self.pending = DraftPayload(plan.step, ids, proposal.tokens, proposal.probs)
