@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from minedraft.batch_manager.adaptive_k import PlanK
 from minedraft.batch_manager.admission import Admission
 from minedraft.batch_manager.backend import GenerationChunk, UnavailableError
 from minedraft.batch_manager.config import ManagerConfig
@@ -71,6 +72,7 @@ class StepDriver:
         self.counters = Counters()
         self.observer = StepObserver()  # metrics hook (batch_manager/step_observer.py)
         self._drafted_at: dict[int, tuple[int, str]] = {}  # step -> (drafts per sequence judged, kind)
+        self.k_plan = PlanK()  # the k of each plan (auto: adaptive, batch_manager/adaptive_k.py)
         self._holds = 0  # drains in progress; no plan is issued while > 0
         self._stopping = False
         self._wake = asyncio.Event()
@@ -103,9 +105,10 @@ class StepDriver:
         if with_drafts:
             self.observer.moved(len(self.sched.rebalance()))
         batches = self.sched.plan(self.step, with_drafts)
+        k = self.k_plan.for_plan(self.step, cfg.mode, cfg.k, with_drafts)
         to_draft = self.draft.sends_plans  # it gets every plan and verdict, drafting or not
         fields = {"step": self.step, "remove": self.pending_remove, "draft_batch": batches.draft,
-                  "verify_batch": batches.verify, "k": self.config.k, "with_drafts": with_drafts,
+                  "verify_batch": batches.verify, "k": k, "with_drafts": with_drafts,
                   "send_verdict": to_draft}
         self.verifier.send(control_pb2.ControlMessage(plan=control_pb2.StepPlan(add=adds, **fields)))
         if to_draft:
@@ -114,7 +117,7 @@ class StepDriver:
             self.draft.link.send(control_pb2.ControlMessage(plan=plan))
             self.draft_adds = []
         kind = self.counters.count_step(with_drafts, batches.draft, batches.verify)
-        self._drafted_at[self.step] = (self.config.k if with_drafts else 0, kind)
+        self._drafted_at[self.step] = (self.k_plan.judged(self.step) if with_drafts else 0, kind)
         self.pending_remove = []
         self.in_flight += 1
         self.step += 1
@@ -157,6 +160,7 @@ class StepDriver:
         self.observer.verify_done(event, kind, wall_ms)
         if event.data_plane_lost:  # the verifier judged this step without drafts
             drafted = 0
+        self.k_plan.on_verify(event.step, drafted, list(event.verdicts.accepted), event.timing.compute_ms)
         self._apply_verdicts(event.verdicts, drafted, event.step)
         if event.data_plane_lost:
             self.draft.lost()
@@ -270,6 +274,7 @@ class StepDriver:
 
     def draft_step_done(self, event: control_pb2.WorkerEvent) -> None:
         self.counters.add_timing("draft", event.timing)
+        self.k_plan.on_draft(event.step, event.timing.compute_ms)
         self.observer.draft_done(event)
 
     def on_verifier_lost(self) -> None:

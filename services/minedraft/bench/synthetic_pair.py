@@ -10,7 +10,8 @@ own generator seeded by (seed, tensor name), so the draft service and the verifi
 identical shared weights in separate processes without exchanging them.
 
 A pair member is named by a spec string, `synthetic:<shape>:<role>[:alpha=A][:draft_layers=L]`
-(e.g. `synthetic:llama3-8b:target:alpha=0.3`), which the benchmark passes where a model folder
+(e.g. `synthetic:llama3-8b:target:alpha=0.3`; `:agree=A` gives both members peaked heads that agree
+on a share A of tokens), which the benchmark passes where a model folder
 would go; `load_synthetic` is the model loader the benchmark injects into the services
 (`minedraft.bench.synthetic_workers`). The product loader knows nothing of it.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from minedraft.bench.peaked_head import peaked_head
 from minedraft.core.errors import ModelLoadError
 from minedraft.engine.config import ModelConfig, RopeConfig
 from minedraft.engine.model import CausalLM
@@ -54,9 +56,11 @@ class SyntheticSpec:
     role: str
     alpha: float = 0.3
     draft_layers: int = 2
+    agree: float = -1.0  # >= 0: peaked heads whose greedy choices agree on this share of tokens (peaked_head.py)
 
     def __str__(self) -> str:
-        return f"synthetic:{self.shape}:{self.role}:alpha={self.alpha}:draft_layers={self.draft_layers}"
+        peaked = f":agree={self.agree}" if self.agree >= 0 else ""
+        return f"synthetic:{self.shape}:{self.role}:alpha={self.alpha}:draft_layers={self.draft_layers}{peaked}"
 
     @classmethod
     def parse(cls, text: str) -> SyntheticSpec:
@@ -68,7 +72,8 @@ class SyntheticSpec:
             )
         try:
             options = dict(p.split("=", 1) for p in parts[3:])
-            spec = cls(parts[1], parts[2], float(options.pop("alpha", 0.3)), int(options.pop("draft_layers", 2)))
+            spec = cls(parts[1], parts[2], float(options.pop("alpha", 0.3)), int(options.pop("draft_layers", 2)),
+                       float(options.pop("agree", -1.0)))
         except ValueError as exc:
             raise ModelLoadError(f"bad synthetic model spec {text!r}: {exc}") from None
         if options:
@@ -122,7 +127,12 @@ def build_synthetic(
                 std = 1.0
             # Every rank draws the full tensor from the same generator and keeps its shard,
             # so any tensor-parallel size reproduces the same model.
-            value = take_shard(_seeded_normal(tuple(shape_full), name, seed, std, device, dtype), name, tp)
+            value = _seeded_normal(tuple(shape_full), name, seed, std, device, dtype)
+            if name == "lm_head.weight" and spec.agree >= 0:
+                embedding = _seeded_normal(full_shapes["model.embed_tokens.weight"], "model.embed_tokens.weight",
+                                           seed, 1.0, device, torch.float32)
+                value = peaked_head(value, embedding, spec.role == "draft", spec.agree, seed)
+            value = take_shard(value, name, tp)
             layer = _layer_index(name)
             deep = layer is not None and layer >= spec.draft_layers
             if deep and name.endswith(("o_proj.weight", "down_proj.weight")):

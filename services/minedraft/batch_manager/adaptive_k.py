@@ -1,0 +1,152 @@
+"""Adaptive k for `auto` mode: each plan drafts the k that maximises expected tokens per unit time.
+
+Two measurements drive it, both from what the workers already report:
+- per-position acceptance: p[i] = P(draft i+1 is accepted | drafts 1..i were), counted from
+  every verdict (a sequence that accepted n of k drafts tried positions 1..min(n+1, k) and
+  passed the first n), with old evidence decaying so the estimate follows the traffic;
+- step costs: the draft service's and the verifier's compute time per step, kept per k.
+Expected tokens per sequence per verify with k drafts is 1 + sum_{i<=k} prod_{j<=i} p[j]; in
+PSD a step costs max(draft(k), verify(k)) (the two batches overlap), in SD their sum. Costs of
+a k not yet measured come from a line through the measured ones (draft time grows with k, the
+k sequential draft forwards; verify time barely moves), or, with one measured k only, from
+draft ~ k and verify flat. Pure bookkeeping: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DECAY = 0.995  # per verified sequence: evidence ~200 sequences old counts e^-1 as much
+PRIOR_TRIES = 8.0  # pseudo-counts pulling a sparsely seen position towards the pooled acceptance
+PRIOR_P = 0.8  # optimistic start (2 pseudo-counts in the pool), so unseen positions get tried
+COST_EMA = 0.2
+
+
+@dataclass(slots=True)
+class StepCosts:
+    """Moving averages of one side's compute ms per step, by k."""
+
+    by_k: dict[int, float] = field(default_factory=dict)
+
+    def add(self, k: int, ms: float) -> None:
+        old = self.by_k.get(k)
+        self.by_k[k] = ms if old is None else old + COST_EMA * (ms - old)
+
+    def estimate(self, k: int, grows_with_k: bool) -> float | None:
+        """Measured, or from the least-squares line through the measured k (None: nothing measured)."""
+        if k in self.by_k:
+            return self.by_k[k]
+        if not self.by_k:
+            return None
+        if len(self.by_k) == 1:
+            (k0, ms0), = self.by_k.items()
+            return ms0 * k / k0 if grows_with_k else ms0
+        ks, ms = list(self.by_k), list(self.by_k.values())
+        mk, mm = sum(ks) / len(ks), sum(ms) / len(ms)
+        slope = sum((a - mk) * (b - mm) for a, b in zip(ks, ms, strict=True)) / sum((a - mk) ** 2 for a in ks)
+        return max(0.0, mm + slope * (k - mk))
+
+
+@dataclass(slots=True)
+class AdaptiveK:
+    """Chooses k in [k_min, k_max] from measured acceptance by position and measured step costs."""
+
+    k_max: int
+    k_min: int = 1
+    passed: list[float] = field(default_factory=list)  # decayed count of drafts accepted at position i
+    tried: list[float] = field(default_factory=list)  # decayed count of drafts judged at position i
+    draft: StepCosts = field(default_factory=StepCosts)
+    verify: StepCosts = field(default_factory=StepCosts)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k_min <= self.k_max:
+            raise ValueError(f"need 1 <= k_min <= k_max, got {self.k_min}..{self.k_max}")
+        self.resize(self.k_max)
+
+    def resize(self, k_max: int) -> None:
+        """New bounds (a policy change); what was learnt about positions that remain is kept."""
+        self.k_max = k_max
+        self.k_min = min(self.k_min, k_max)
+        grow = k_max - len(self.passed)
+        if grow > 0:
+            self.passed += [0.0] * grow
+            self.tried += [0.0] * grow
+
+    def observe_verdicts(self, drafted: int, accepted: list[int]) -> None:
+        """One verify step: each sequence carried `drafted` drafts and accepted the given number."""
+        if drafted <= 0:
+            return
+        for n in accepted:
+            for i in range(len(self.tried)):
+                self.passed[i] *= DECAY
+                self.tried[i] *= DECAY
+            for i in range(min(n + 1, drafted, len(self.tried))):
+                self.tried[i] += 1.0
+                self.passed[i] += 1.0 if i < n else 0.0
+
+    def acceptance(self) -> list[float]:
+        """p[i] for positions 1..k_max, each shrunk towards the acceptance pooled over all positions
+        (deep positions are judged only when every earlier draft passed, so they see few tries)."""
+        pooled = (sum(self.passed) + 2 * PRIOR_P) / (sum(self.tried) + 2)
+        return [(p + pooled * PRIOR_TRIES) / (t + PRIOR_TRIES) for p, t in zip(self.passed, self.tried, strict=True)]
+
+    def expected_tokens(self, k: int) -> float:
+        total, reach = 1.0, 1.0
+        for p in self.acceptance()[:k]:
+            reach *= p
+            total += reach
+        return total
+
+    def step_ms(self, k: int, overlapped: bool) -> float | None:
+        d = self.draft.estimate(k, grows_with_k=True)
+        v = self.verify.estimate(k, grows_with_k=False)
+        if d is None or v is None:
+            return None
+        return max(d, v) if overlapped else d + v
+
+    def choose(self, overlapped: bool = True) -> int:
+        """The k with the most expected tokens per ms; k_max until both costs were measured."""
+        best_k, best_rate = self.k_max, -1.0
+        for k in range(self.k_min, self.k_max + 1):
+            ms = self.step_ms(k, overlapped)
+            if ms is None:
+                return self.k_max
+            rate = self.expected_tokens(k) / max(ms, 1e-6)
+            if rate > best_rate * (1 + 1e-9):
+                best_k, best_rate = k, rate
+        return best_k
+
+
+class PlanK:
+    """The step loop's hook: the k each plan drafts (the policy's k; in auto, the adaptive choice in
+    1..k) and, from the workers' events, what the adaptive estimate learns."""
+
+    def __init__(self) -> None:
+        self.adaptive: AdaptiveK | None = None
+        self.by_step: dict[int, int] = {}  # k drafted at each recent step (0: no drafts)
+
+    def for_plan(self, step: int, mode: str, k: int, with_drafts: bool) -> int:
+        chosen = k
+        if mode == "auto":
+            if self.adaptive is None:
+                self.adaptive = AdaptiveK(k_max=k)
+            elif self.adaptive.k_max != k:
+                self.adaptive.resize(k)
+            chosen = self.adaptive.choose(overlapped=True)
+        self.by_step[step] = chosen if with_drafts else 0
+        self.by_step.pop(step - 16, None)
+        return chosen
+
+    def judged(self, step: int) -> int:
+        """Drafts each sequence verified at `step` carries: its batch drafted in the step before."""
+        return self.by_step.get(step - 1, 0)
+
+    def on_verify(self, step: int, drafted: int, accepted: list[int], compute_ms: float) -> None:
+        if self.adaptive is not None and drafted > 0 and accepted:
+            self.adaptive.observe_verdicts(drafted, accepted)
+            self.adaptive.verify.add(drafted, compute_ms)
+
+    def on_draft(self, step: int, compute_ms: float) -> None:
+        k = self.by_step.get(step, 0)
+        if self.adaptive is not None and k > 0 and compute_ms > 0:
+            self.adaptive.draft.add(k, compute_ms)

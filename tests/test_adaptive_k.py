@@ -1,0 +1,137 @@
+"""Adaptive k (auto mode): acceptance by position and step costs in, the best expected tokens per ms out;
+and the step loop drafting the chosen k, with exact greedy output."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+
+from minedraft.batch_manager.adaptive_k import AdaptiveK, PlanK, StepCosts
+from minedraft.batch_manager.config import ManagerConfig
+from minedraft.batch_manager.coordinator import Coordinator
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.proto import control_pb2
+from tests.fake_worker_links import FakeCluster, FakeDraft, FakeVerifier, greedy
+from tests.step_driver_support import drive, word_tokenizer
+
+
+def feed(est: AdaptiveK, p: float, k: int, sequences: int, rng: random.Random) -> None:
+    """Verdicts of sequences whose drafts are each right with probability p (i.i.d.)."""
+    for _ in range(sequences // 16):
+        accepted = []
+        for _ in range(16):
+            n = 0
+            while n < k and rng.random() < p:
+                n += 1
+            accepted.append(n)
+        est.observe_verdicts(k, accepted)
+
+
+def best_by_brute_force(p: float, k_max: int, draft_ms: float, verify_ms: float, overlapped: bool) -> int:
+    def rate(k: int) -> float:
+        tokens = sum(p**i for i in range(k + 1))
+        ms = max(draft_ms * k, verify_ms) if overlapped else draft_ms * k + verify_ms
+        return tokens / ms
+    return max(range(1, k_max + 1), key=rate)
+
+
+def test_acceptance_by_position_is_measured_from_verdicts() -> None:
+    est = AdaptiveK(k_max=6)
+    feed(est, 0.6, 6, 4000, random.Random(1))
+    p = est.acceptance()
+    assert all(abs(x - 0.6) < 0.08 for x in p[:3]) and all(abs(x - 0.6) < 0.12 for x in p)  # deep: fewer tries
+    assert abs(est.expected_tokens(3) - (1 + 0.6 + 0.36 + 0.216)) < 0.15
+
+
+@pytest.mark.parametrize(("p", "overlapped"), [(0.3, True), (0.6, True), (0.9, True), (0.6, False), (0.95, False)])
+def test_choice_maximises_expected_tokens_per_ms(p: float, overlapped: bool) -> None:
+    est = AdaptiveK(k_max=8)
+    feed(est, p, 8, 6000, random.Random(2))
+    for k in (2, 5):  # two measured k per side: the rest comes from the line through them
+        est.draft.add(k, 1.0 * k)
+        est.verify.add(k, 5.0)
+    assert est.choose(overlapped) == best_by_brute_force(p, 8, 1.0, 5.0, overlapped)
+
+
+def test_choice_stays_at_k_max_until_both_sides_were_measured() -> None:
+    est = AdaptiveK(k_max=5)
+    feed(est, 0.1, 5, 800, random.Random(3))
+    est.verify.add(5, 4.0)
+    assert est.choose() == 5
+    est.draft.add(5, 5.0)
+    assert est.choose() < 5  # low acceptance: shorter drafts pay once the costs are known
+
+
+def test_costs_of_unmeasured_k_follow_the_measured_ones() -> None:
+    costs = StepCosts()
+    assert costs.estimate(3, grows_with_k=True) is None
+    costs.add(4, 8.0)
+    assert costs.estimate(2, grows_with_k=True) == 4.0 and costs.estimate(2, grows_with_k=False) == 8.0
+    costs.add(2, 5.0)
+    assert costs.estimate(6, grows_with_k=True) == pytest.approx(11.0)
+
+
+def test_plan_k_is_the_policy_k_outside_auto_and_bounded_inside() -> None:
+    plan = PlanK()
+    assert plan.for_plan(0, "psd", 4, True) == 4 and plan.adaptive is None
+    assert plan.judged(1) == 4 and plan.for_plan(1, "ar", 4, False) == 4 and plan.judged(2) == 0
+    assert plan.for_plan(2, "auto", 6, True) == 6  # nothing measured yet
+    assert plan.adaptive is not None and plan.adaptive.k_max == 6
+    with pytest.raises(ValueError):
+        AdaptiveK(k_max=3, k_min=4)
+
+
+class TimedVerifier(FakeVerifier):
+    """Reports a verify cost flat in k, as a memory-bound verify of a small batch is."""
+
+    def execute(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent:
+        event = super().execute(plan)
+        event.timing.compute_ms = 6.0 if plan.verify_batch else 0.0
+        return event
+
+
+class TimedDraft(FakeDraft):
+    """Reports a draft cost of 4 ms per draft token (from k = 2 on, longer than the verify: in PSD a longer
+    draft is no longer hidden behind the other batch's verify)."""
+
+    def execute(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent:
+        event = super().execute(plan)
+        event.timing.compute_ms = 4.0 * plan.k if plan.with_drafts and plan.draft_batch else 0.0
+        return event
+
+
+def test_auto_mode_drafts_the_chosen_k_and_output_stays_exact(tmp_path: Path) -> None:
+    """Only the first draft is ever right: after a few steps auto drafts k = 1 (the same expected tokens as
+    any longer draft, in the shortest step), while the outputs stay the verifier's greedy tokens."""
+    cluster = FakeCluster()
+    verifier, draft = TimedVerifier(cluster), TimedDraft(cluster, lambda seq, step: 1)
+    cluster.workers = [verifier, draft]
+    config = ManagerConfig(mode="auto", k=5, pipeline_depth=1, draft_retry_s=0.0, auto_min_tokens_per_step=1.0)
+    coordinator = Coordinator(word_tokenizer(tmp_path / "tok"), "fake", verifier, draft, config)
+    prompts = [[5, 6, 7], [8, 9, 10], [11, 12, 13], [14, 15, 16]]
+
+    async def scenario() -> list[list[int]]:
+        await coordinator.start(connect_timeout=2)
+
+        async def one(prompt: list[int]) -> list[int]:
+            out: list[int] = []
+            async for chunk in coordinator.generate(prompt, SamplingParams(max_tokens=60, ignore_eos=True), "t"):
+                out += chunk.token_ids
+            return out
+
+        outputs = await asyncio.gather(*(one(p) for p in prompts))
+        await coordinator.stop()
+        return outputs
+
+    outputs: list[list[int]] = []
+
+    async def run() -> None:
+        outputs.extend(await scenario())
+
+    drive(run)
+    assert outputs == [greedy(p, 60) for p in prompts]
+    ks = [p.k for p in draft.plans if p.with_drafts and p.draft_batch]
+    assert ks[0] == 5 and ks[-1] == 1 and set(ks[-5:]) == {1}
