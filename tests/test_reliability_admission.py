@@ -4,16 +4,19 @@ the real batch manager and in-memory fake workers that count KV blocks like the 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from contextlib import aclosing
 from pathlib import Path
 
+import httpx
 import pytest
 
 from minedraft.batch_manager.backend import UnavailableError
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.coordinator import Coordinator
+from minedraft.batch_manager.http_api import build_http_app
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from tests.fake_worker_links import greedy
@@ -198,6 +201,39 @@ def test_past_the_drain_grace_what_is_left_ends_with_abort(tokenizer) -> None:
         took = await coordinator.drain(grace_s=0.2)
         tokens, reason = await stuck
         assert 0.2 <= took < 2 and reason == "abort" and tokens == greedy([5, 6], len(tokens))
+        await coordinator.stop()
+
+    drive(scenario, timeout_s=30)
+
+
+def test_over_http_a_full_queue_is_429_with_retry_after_and_a_timeout_is_408_or_abort(tokenizer) -> None:
+    async def scenario() -> None:
+        coordinator, verifier, _ = kv_stack(tokenizer, config(max_queue=1, max_num_seqs=1), 256, one_right)
+        await coordinator.start()
+        app = build_http_app(coordinator)
+        verifier.pause_at(3)  # from step 3 on nothing finishes: only the deadline ends a request
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bm") as client:
+            body = {"prompt": [5, 6], "max_tokens": 50, "temperature": 0, "ignore_eos": True, "timeout": 0.3}
+            streamed = await client.post("/v1/completions", json={**body, "stream": True})
+            events = [json.loads(line[6:]) for line in streamed.text.splitlines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+            assert streamed.status_code == 200 and events[-1]["choices"][0]["finish_reason"] == "abort"
+            words = "".join(e["choices"][0]["text"] for e in events).split()
+            assert words and words == [f"w{t}" for t in greedy([5, 6], 3)][: len(words)]
+            verifier.resume()
+            verifier.pause_at(coordinator.driver.step + 1)  # the next request starts, then nothing moves
+            running = asyncio.create_task(client.post("/v1/completions", json={**body, "timeout": 1.0}))
+            await eventually(lambda: coordinator.status()["running"] == 1)
+            waiting = asyncio.create_task(client.post("/v1/completions", json=body))
+            await eventually(lambda: len(coordinator.admission.waiting) == 1)
+            full = await client.post("/v1/completions", json=body)
+            assert full.status_code == 429 and full.headers["retry-after"] == "1"
+            assert full.json()["error"]["code"] == "rate_limit_exceeded"
+            for reply in (await waiting, await running):  # nothing was sent before the deadline
+                assert reply.status_code == 408 and reply.json()["error"]["code"] == "request_timeout"
+                assert reply.json()["error"]["param"] == "timeout"
+        await eventually(lambda: coordinator.status()["running"] == 0 and not coordinator.admission.waiting)
+        verifier.resume()
         await coordinator.stop()
 
     drive(scenario, timeout_s=30)

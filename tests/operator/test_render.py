@@ -93,17 +93,25 @@ def test_probes(gpu_mdd) -> None:
     gpu_mdd["spec"]["target"]["tensorParallelSize"] = 2
     cs = containers(rendered(gpu_mdd))
     for name, port in (("verifier", 50061), ("draft", 50062)):
+        # The control port stays pod-local; the kubelet probes a health-only port on the pod IP.
+        e = env(cs[name])
+        assert (e["MINEDRAFT_HOST"], e["MINEDRAFT_PORT"]) == ("127.0.0.1", str(port))
+        assert (e["MINEDRAFT_HEALTH_HOST"], e["MINEDRAFT_HEALTH_PORT"]) == ("0.0.0.0", str(port + 1000))
         startup = cs[name]["startupProbe"]
-        assert startup["grpc"] == {"port": port, "service": ""}
+        assert startup["grpc"] == {"port": port + 1000, "service": ""}
         assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800  # model load may take long
-        assert cs[name]["livenessProbe"]["grpc"]["port"] == port
+        assert cs[name]["livenessProbe"]["grpc"]["port"] == port + 1000
         assert "readinessProbe" not in cs[name]  # a crash-looping draft must not hide the pod by itself
+        assert "lifecycle" not in cs[name]  # workers drain themselves: they serve the manager until it leaves
+        assert e["MINEDRAFT_DRAIN_GRACE_S"] == "35"  # the manager's preStop and drain
     assert not any(k.endswith("Probe") for k in cs["verifier-tp1"])  # it serves no port
     bm = cs["batch-manager"]
-    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for kind in ("startupProbe", "readinessProbe"):
         assert bm[kind]["httpGet"] == {"path": "/health", "port": 8081, "scheme": "HTTP"}
+    assert bm["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": 8081, "scheme": "HTTP"}
     assert bm["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
-    assert cs["draft"]["lifecycle"]["preStop"] == {"sleep": {"seconds": 35}}  # outlives the manager's drain
+    e = env(bm)
+    assert (e["MINEDRAFT_ADMIN_HOST"], e["MINEDRAFT_DRAIN_GRACE_S"]) == ("0.0.0.0", "30")
 
 
 def test_security_and_volumes(gpu_mdd) -> None:

@@ -12,8 +12,13 @@ from minedraft_operator.spec import DeploymentSpec, Worker
 
 HOME = "/home/minedraft"
 LOCALHOST = "127.0.0.1"
+ANY = "0.0.0.0"
 PROBE_PERIOD_S = 10
 BM_PRESTOP_S = 5  # lets endpoints drop the pod before SIGTERM starts the batch manager's drain
+# A worker's control port (and the verifier's data-plane store) listen on loopback: only the
+# pod's own batch manager reaches them. The kubelet's gRPC probes go to the pod IP, so each
+# worker also answers grpc.health.v1, and nothing else, on its control port + this offset.
+HEALTH_PORT_OFFSET = 1000
 
 
 def env_list(values: dict[str, str]) -> list[dict[str, Any]]:
@@ -25,8 +30,19 @@ def security_context() -> dict[str, Any]:
             "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
 
 
+def health_port(spec: DeploymentSpec, control_port: int) -> int:
+    """The worker's health-only port: control port + HEALTH_PORT_OFFSET, moved on by the offset
+    again while it would clash with a port of the pod."""
+    taken = {*spec.ports.values(), spec.service["grpcPort"], spec.service["httpPort"]}
+    port = control_port + HEALTH_PORT_OFFSET
+    while port in taken:
+        port += HEALTH_PORT_OFFSET
+    return port
+
+
 def _grpc_probes(port: int, startup_s: int) -> dict[str, Any]:
-    """The control port answers grpc.health.v1 SERVING once the model is loaded."""
+    """The health port answers grpc.health.v1 SERVING once the model is loaded, NOT_SERVING while the
+    worker drains (it keeps serving its batch manager until that closes the stream, then exits 0)."""
     grpc = {"port": port, "service": ""}
     return {
         "startupProbe": {"grpc": grpc, "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 5,
@@ -62,17 +78,14 @@ def _base(spec: DeploymentSpec, name: str, image: str, role: str) -> dict[str, A
 
 def _worker_env(spec: DeploymentSpec, worker: Worker, slot: GpuSlot, port: int) -> dict[str, str]:
     env = {"MINEDRAFT_MODEL": worker.model.folder(spec.images["bundledModelsDir"]),
-           # 0.0.0.0: the kubelet's gRPC probes reach the control port on the pod IP.
-           "MINEDRAFT_HOST": "0.0.0.0", "MINEDRAFT_PORT": str(port), "MINEDRAFT_DEVICE": slot.device,
-           "MINEDRAFT_DTYPE": worker.dtype, "HOME": HOME, "PYTHONUNBUFFERED": "1"}
+           "MINEDRAFT_HOST": LOCALHOST, "MINEDRAFT_PORT": str(port),  # pod-local: control port, data-plane store
+           "MINEDRAFT_HEALTH_HOST": ANY, "MINEDRAFT_HEALTH_PORT": str(health_port(spec, port)),
+           # Serve the batch manager through its preStop and drain, then exit 0.
+           "MINEDRAFT_DRAIN_GRACE_S": str(spec.raw["drainSeconds"] + BM_PRESTOP_S),
+           "MINEDRAFT_DEVICE": slot.device, "MINEDRAFT_DTYPE": worker.dtype, "HOME": HOME, "PYTHONUNBUFFERED": "1"}
     env.update({f"MINEDRAFT_{k}": str(v) for k, v in worker.tuning.items()})
     env.update(slot.env)
     return env
-
-
-def _worker_lifecycle(spec: DeploymentSpec) -> dict[str, Any]:
-    """Workers outlive the batch manager's drain, so in-flight requests finish."""
-    return {"preStop": {"sleep": {"seconds": BM_PRESTOP_S + spec.raw["drainSeconds"]}}}
 
 
 def verifier_containers(spec: DeploymentSpec) -> list[dict[str, Any]]:
@@ -89,10 +102,11 @@ def verifier_containers(spec: DeploymentSpec) -> list[dict[str, Any]]:
         c["env"] = env_list(env)
         c["resources"] = _resources(spec.target.resources, slot)
         c["volumeMounts"] = _mounts(spec, [spec.target], shm=True)
-        c["lifecycle"] = _worker_lifecycle(spec)
         if rank == 0:  # only rank 0 serves the control plane; the others follow it over the TP group
-            c["ports"] = [{"name": "verifier-ctl", "containerPort": ports["verifier"], "protocol": "TCP"}]
-            c.update(_grpc_probes(ports["verifier"], spec.raw["startupSeconds"]))
+            health = health_port(spec, ports["verifier"])
+            c["ports"] = [{"name": "verifier-ctl", "containerPort": ports["verifier"], "protocol": "TCP"},
+                          {"name": "verifier-health", "containerPort": health, "protocol": "TCP"}]
+            c.update(_grpc_probes(health, spec.raw["startupSeconds"]))
         out.append(c)
     return out
 
@@ -102,19 +116,22 @@ def draft_container(spec: DeploymentSpec) -> dict[str, Any]:
     port = spec.ports["draft"]
     c = _base(spec, DRAFT, spec.images["worker"], "draft")
     c["env"] = env_list(_worker_env(spec, spec.draft, slot, port))
-    c["ports"] = [{"name": "draft-ctl", "containerPort": port, "protocol": "TCP"}]
+    health = health_port(spec, port)
+    c["ports"] = [{"name": "draft-ctl", "containerPort": port, "protocol": "TCP"},
+                  {"name": "draft-health", "containerPort": health, "protocol": "TCP"}]
     c["resources"] = _resources(spec.draft.resources, slot)
     c["volumeMounts"] = _mounts(spec, [spec.draft], shm=True)
-    c["lifecycle"] = _worker_lifecycle(spec)
-    c.update(_grpc_probes(port, spec.raw["startupSeconds"]))
+    c.update(_grpc_probes(health, spec.raw["startupSeconds"]))
     return c
 
 
 def _manager_env(spec: DeploymentSpec) -> list[dict[str, Any]]:
     ports, service, bm = spec.ports, spec.service, spec.raw["batchManager"]
     env = {
-        "MINEDRAFT_HOST": "0.0.0.0", "MINEDRAFT_GRPC_PORT": str(service["grpcPort"]),
+        "MINEDRAFT_HOST": ANY, "MINEDRAFT_GRPC_PORT": str(service["grpcPort"]),
         "MINEDRAFT_HTTP_PORT": str(service["httpPort"]), "MINEDRAFT_ADMIN_PORT": str(ports["admin"]),
+        # The operator reaches the admin API on the pod IP; the Service never exposes that port.
+        "MINEDRAFT_ADMIN_HOST": ANY, "MINEDRAFT_DRAIN_GRACE_S": str(spec.raw["drainSeconds"]),
         **default_policy_env(),
         "MINEDRAFT_MAX_QUEUE": str(bm["maxQueue"]),
         "MINEDRAFT_DATA_PLANE_BACKEND": "gloo" if spec.gpu_mode == "none" else "nccl",
@@ -129,10 +146,12 @@ def _manager_env(spec: DeploymentSpec) -> list[dict[str, Any]]:
     if otlp:
         env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_SERVICE_NAME": f"minedraft-{spec.name}"})
     out = env_list(env)
-    secret = spec.raw.get("auth", {}).get("secretRef")
-    if secret:
-        out.append({"name": "MINEDRAFT_API_KEY",
-                    "valueFrom": {"secretKeyRef": {"name": secret["name"], "key": secret["key"]}}})
+    auth = spec.raw.get("auth", {})
+    for field, name in (("secretRef", "MINEDRAFT_API_KEY"), ("adminSecretRef", "MINEDRAFT_ADMIN_API_KEY")):
+        secret = auth.get(field)
+        if secret:
+            out.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret["name"],
+                                                                      "key": secret.get("key", "api-key")}}})
     return out
 
 
@@ -150,10 +169,13 @@ def batch_manager_container(spec: DeploymentSpec) -> dict[str, Any]:
     ]
     c["resources"] = _resources(spec.raw["batchManager"].get("resources", {}), None)
     c["volumeMounts"] = _mounts(spec, [spec.target], shm=False)  # the tokenizer is the target's
-    # It listens only once both workers answered and the data plane formed: /health = ready.
+    # It listens only once both workers answered and the data plane formed: /health = ready. /health
+    # turns 503 while the verifier is gone or the pod drains (out of the Service, not restarted);
+    # liveness asks only whether the process answers.
     c["startupProbe"] = {"httpGet": health, "periodSeconds": period, "timeoutSeconds": 3,
                          "failureThreshold": math.ceil(spec.raw["startupSeconds"] / period)}
     c["readinessProbe"] = {"httpGet": health, "periodSeconds": period, "timeoutSeconds": 3, "failureThreshold": 2}
-    c["livenessProbe"] = {"httpGet": health, "periodSeconds": 20, "timeoutSeconds": 5, "failureThreshold": 3}
+    c["livenessProbe"] = {"httpGet": {**health, "path": "/health/live"}, "periodSeconds": 20, "timeoutSeconds": 5,
+                          "failureThreshold": 3}
     c["lifecycle"] = {"preStop": {"sleep": {"seconds": BM_PRESTOP_S}}}
     return c
