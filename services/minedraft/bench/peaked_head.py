@@ -36,3 +36,17 @@ def peaked_head(head: torch.Tensor, embedding: torch.Tensor, draft: bool, agree:
     out = head.float()
     out.index_add_(0, pi, embedding.float() * PEAK_SCALE)
     return out.to(head.dtype)
+
+
+def acceptance_at(agree: float, k: int) -> float:
+    """accepted / drafted with i.i.d. per-token agreement: a verify judges k drafts, keeps the right prefix."""
+    return sum(agree ** (i + 1) for i in range(k)) / k
+
+
+def agree_for_acceptance(goal: float, k: int = 4) -> float:
+    """The per-token agreement whose acceptance (accepted / drafted) at k drafts is `goal` (bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if acceptance_at(mid, k) < goal else (lo, mid)
+    return round((lo + hi) / 2, 4)

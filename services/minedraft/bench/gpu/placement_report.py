@@ -1,0 +1,69 @@
+"""Markdown tables of the placement sweep (placement_sweep.py): throughput with its spread, the ratios the
+issue's goals name, verify inside PSD against the same verify in sequential SD, and auto against fixed k."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+
+def rate(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    return f"{row['tokens_per_s']:.0f} ({row['tokens_per_s_min']:.0f}-{row['tokens_per_s_max']:.0f})"
+
+
+def ratio(a: dict | None, b: dict | None, per_gpu: bool = False) -> str:
+    if a is None or b is None:
+        return "-"
+    x = a["tokens_per_s"] / b["tokens_per_s"]
+    if per_gpu:
+        x *= b["gpus"] / a["gpus"]
+    return f"{x:.2f}x"
+
+
+def exact(cells: list[dict | None]) -> str:
+    checked = [c for c in cells if c is not None and "rows_compared" in c]
+    same = sum(c["rows_equal_ar"] for c in checked)
+    total = sum(c["rows_compared"] for c in checked)
+    return f"{same}/{total}" if total else "-"
+
+
+def summary_lines(rows: list[dict]) -> list[str]:
+    cells: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        key = (r["goal"], r["m"]) if r["config"] == "AR" else (r["goal"], r["k"], r["m"])
+        cells[key][r["config"]] = r
+    out = ["| acceptance goal | k | m | acceptance | AR | SD colocated (1 GPU) | SD-2GPU | PSD m/2+m/2 | PSD m+m | "
+           "PSD m+m / SD coloc. | per GPU | equal conc. | rows = AR |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    anatomy = ["| acceptance goal | k | m | verify ms SD-2GPU | verify ms PSD m+m | PSD/SD verify | step ms PSD m+m | "
+               "draft ms | overlap eff. | verifier waits ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(k for k in cells if len(k) == 3):
+        goal, k, m = key
+        c = cells[key]
+        col, sd2, half, full = (c.get(n) for n in ("SD colocated", "SD-2GPU", "PSD m/2+m/2", "PSD m+m"))
+        if col is None and full is None:
+            continue
+        ar = cells.get((goal, m), {}).get("AR")
+        acc = (col or full or {}).get("acceptance", 0.0)
+        out.append(f"| {goal} | {k} | {m} | {acc:.3f} | {rate(ar)} | {rate(col)} | {rate(sd2)} | {rate(half)} | "
+                   f"{rate(full)} | **{ratio(full, col)}** | {ratio(full, col, True)} | {ratio(half, col)} | "
+                   f"{exact([col, sd2, half, full])} |")
+        if sd2 is not None and full is not None:
+            anatomy.append(f"| {goal} | {k} | {m} | {sd2['verify_ms']:.2f} | {full['verify_ms']:.2f} | "
+                           f"{full['verify_ms'] / max(sd2['verify_ms'], 1e-9):.2f}x | {full['step_ms']:.2f} | "
+                           f"{full['draft_ms']:.2f} | {full['overlap_efficiency']:.2f} | "
+                           f"{full['verify_wait_ms']:.2f} |")
+    auto = ["| acceptance goal | m | fixed k: tok/s | best fixed k | auto (k <= 6): tok/s | auto / best fixed |",
+            "|---|---|---|---|---|---|"]
+    for goal, m in sorted({(r["goal"], r["m"]) for r in rows if r["config"] == "PSD m+m auto"}):
+        fixed = {r["k"]: r for r in rows if r["goal"] == goal and r["m"] == m and r["config"] == "PSD m+m"}
+        a = next(r for r in rows if r["goal"] == goal and r["m"] == m and r["config"] == "PSD m+m auto")
+        if not fixed:
+            continue
+        best = max(fixed.values(), key=lambda r: r["tokens_per_s"])
+        listed = ", ".join(f"k={k}: {rate(r)}" for k, r in sorted(fixed.items()))
+        auto.append(f"| {goal} | {m} | {listed} | {best['k']} | {rate(a)} | **{ratio(a, best)}** |")
+    return ["Throughput, tokens/s: median of the repetitions (min-max).", "", *out, "",
+            "Verify inside PSD against the same batch's verify in sequential SD (draft on its own GPU):", "",
+            *anatomy, "", "Adaptive k (auto) against fixed k, PSD m+m:", "", *auto]

@@ -1,0 +1,145 @@
+"""`python -m minedraft.bench.gpu.placement_sweep`: PSD against SD colocated, through the services (issue 13).
+
+For each acceptance level, on the peaked synthetic 8B pair (`:agree=A`, greedy margins far above bf16
+rounding, so every configuration's greedy output must equal AR's): AR and SD colocated on GPU 0
+(one verifier with the draft beside the target), SD with the draft on GPU 1, PSD at equal (m/2+m/2)
+and doubled (m+m) concurrency, and auto (adaptive k) against fixed k. Every cell is warmed up at its
+own shape and timed `--reps` times (placements.py). Writes results.json and results.md under --out
+after every cell, and prints the summary last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from minedraft.bench.flags import int_list
+from minedraft.bench.gpu.placement_report import summary_lines
+from minedraft.bench.gpu.placements import (
+    PairSpecs,
+    agreement,
+    colocated_stack,
+    log_tails,
+    measure,
+    split_stack,
+    start_together,
+)
+from minedraft.bench.gpu.timing import log
+from minedraft.bench.peaked_head import agree_for_acceptance
+from minedraft.bench.synthetic_pair import SyntheticSpec
+from minedraft.bench.workload import random_prompts
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m minedraft.bench.gpu.placement_sweep", description=__doc__)
+    p.add_argument("--out", default="bench_out")
+    p.add_argument("--shape", default="llama3-8b")
+    p.add_argument("--draft-layers", type=int, default=4)
+    p.add_argument("--alpha", type=float, default=0.02, help="deep-layer scale of the target (cost only here)")
+    p.add_argument("--acceptance", default="0.7,0.5,0.9", help="levels (acceptance at k=4); the first gets the grid")
+    p.add_argument("--ks", type=int_list, default=[4, 6])
+    p.add_argument("--ms", type=int_list, default=[8, 16, 32, 64])
+    p.add_argument("--small-ks", type=int_list, default=[4])
+    p.add_argument("--small-ms", type=int_list, default=[16, 64])
+    p.add_argument("--auto-ms", type=int_list, default=[16, 32], help="m of the auto vs fixed-k runs (PSD m+m)")
+    p.add_argument("--auto-fixed-ks", type=int_list, default=[2, 4, 6], help="fixed k that auto is compared with")
+    p.add_argument("--auto-k-max", type=int, default=6)
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--num-blocks", type=int, default=2048)
+    p.add_argument("--deadline-s", type=float, default=1e9, help="start no new cell after this many seconds")
+    return p
+
+
+class Sweep:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.started = time.monotonic()
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.results: dict = {"args": vars(args), "rows": [], "errors": []}
+
+    def time_left(self) -> bool:
+        return time.monotonic() - self.started < self.args.deadline_s
+
+    def save(self) -> None:
+        (self.out / "results.json").write_text(json.dumps(self.results, indent=1))
+        (self.out / "results.md").write_text("\n".join(summary_lines(self.results["rows"])) + "\n")
+
+    def cell(self, stack, config: str, mode: str, k: int, prompts: list[list[int]], gpus: int, tags: dict,
+             reference: list[list[int]] | None) -> list[list[int]]:
+        row, outputs = measure(stack, mode, k, prompts, self.args.max_tokens, self.args.reps)
+        row.update(config=config, mode=mode, k=k, gpus=gpus, **tags)
+        if reference is not None:
+            row.update(agreement(outputs, reference))
+        self.results["rows"].append(row)
+        self.save()
+        exact = f", {row['rows_equal_ar']}/{row['rows_compared']} rows = AR" if reference is not None else ""
+        log(f"{tags} {config} k={k} conc={len(prompts)}: {row['tokens_per_s']:.0f} tok/s "
+            f"[{row['tokens_per_s_min']:.0f}-{row['tokens_per_s_max']:.0f}], step {row['step_ms']:.2f} ms (draft "
+            f"{row['draft_ms']:.2f}, verify {row['verify_ms']:.2f}), acceptance {row['acceptance']:.3f}{exact}")
+        return outputs
+
+    def level(self, goal: float, full: bool) -> None:
+        a = self.args
+        agree = agree_for_acceptance(goal)
+        target, draft = SyntheticSpec(a.shape, "target", a.alpha, a.draft_layers, agree).pair()
+        pair = PairSpecs(str(target), str(draft))
+        ks, ms = (a.ks, a.ms) if full else (a.small_ks, a.small_ms)
+        prompts = random_prompts(2 * max(ms + a.auto_ms), seed=13)
+        colocated = colocated_stack(pair, a.num_blocks, 2 * max(ms + a.auto_ms))
+        split = split_stack(pair, a.num_blocks, 2 * max(ms + a.auto_ms))
+        tags = {"goal": goal, "agree": agree}
+        try:
+            t0 = time.monotonic()
+            start_together(colocated, split)
+            log(f"level {goal} (agree {agree}): both stacks ready in {time.monotonic() - t0:.0f} s")
+            for m in ms:
+                if not self.time_left():
+                    break
+                ar = self.cell(colocated, "AR", "ar", 1, prompts[:m], 1, {**tags, "m": m}, None)
+                for k in ks:
+                    if not self.time_left():
+                        break
+                    t = {**tags, "m": m}
+                    self.cell(colocated, "SD colocated", "sd", k, prompts[:m], 1, t, ar)
+                    self.cell(split, "SD-2GPU", "sd", k, prompts[:m], 2, t, ar)
+                    self.cell(split, "PSD m/2+m/2", "psd", k, prompts[:m], 2, t, ar)
+                    self.cell(split, "PSD m+m", "psd", k, prompts[: 2 * m], 2, t, ar)
+            for m in a.auto_ms:
+                for k in [k for k in a.auto_fixed_ks if k not in ks or m not in ms]:
+                    if self.time_left():
+                        self.cell(split, "PSD m+m", "psd", k, prompts[: 2 * m], 2, {**tags, "m": m}, None)
+                if self.time_left():
+                    self.cell(split, "PSD m+m auto", "auto", a.auto_k_max, prompts[: 2 * m], 2, {**tags, "m": m},
+                              None)
+        except Exception as exc:  # keep what was measured; say what broke
+            log(f"level {goal} failed: {exc!r}")
+            self.results["errors"].append({"goal": goal, "error": repr(exc), "colocated": log_tails(colocated),
+                                           "split": log_tails(split)})
+        finally:
+            colocated.stop(grace=20)
+            split.stop(grace=20)
+            self.save()
+
+    def run(self) -> int:
+        goals = [float(g) for g in self.args.acceptance.split(",")]
+        for i, goal in enumerate(goals):
+            if not self.time_left():
+                log(f"deadline reached: level {goal} not measured")
+                break
+            self.level(goal, full=i == 0)
+        self.save()
+        print("\n".join(summary_lines(self.results["rows"])), flush=True)
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return Sweep(build_parser().parse_args(argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The placements the sweep compares, each through the real services, and one timed cell on them.
+
+- colocated: one verifier on GPU 0 with the draft model loaded beside the target
+  (`--colocated-draft`), no draft service: AR (mode ar) and standard SD (mode sd) on one GPU;
+- split: verifier on GPU 0 (or 0..tp-1), draft service on the next GPU, NCCL data plane:
+  SD with the draft on its own GPU (sequential), PSD, and auto (adaptive k).
+Every cell is warmed up at its own (mode, k, concurrency) with one full untimed run (every CUDA
+graph bucket the timed runs pass through is captured there, every Triton kernel compiled), then
+timed `reps` times; throughput is reported as the median with the min and max.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from minedraft.bench.client import fetch_status, generate_all, put_policy, step_delta
+from minedraft.bench.gpu.pairs import SYNTHETIC_WORKERS
+from minedraft.bundled import TINY_TARGET
+from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
+
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"}
+
+
+@dataclass(frozen=True, slots=True)
+class PairSpecs:
+    target: str
+    draft: str
+
+
+def colocated_stack(pair: PairSpecs, num_blocks: int, max_num_seqs: int) -> LocalStack:
+    cfg = StackConfig(target=pair.target, draft=pair.draft, worker_module=SYNTHETIC_WORKERS, grpc_port=free_port(),
+                      http_port=free_port(), target_device="cuda:0", mode="sd", k=4, threads=4,
+                      max_num_seqs=max_num_seqs, num_blocks=num_blocks, dtype="bfloat16",
+                      tokenizer=str(TINY_TARGET), log_dir=Path(tempfile.mkdtemp(prefix="minedraft_colocated_")),
+                      process_env={"verifier": {"MINEDRAFT_COLOCATED_DRAFT": pair.draft}})
+    return LocalStack(cfg)
+
+
+def split_stack(pair: PairSpecs, num_blocks: int, max_num_seqs: int, tp_size: int = 1) -> LocalStack:
+    cfg = StackConfig(target=pair.target, draft=pair.draft, worker_module=SYNTHETIC_WORKERS, grpc_port=free_port(),
+                      http_port=free_port(), tp_size=tp_size,
+                      target_device=",".join(f"cuda:{r}" for r in range(tp_size)), draft_device=f"cuda:{tp_size}",
+                      mode="psd", k=4, threads=4, max_num_seqs=max_num_seqs, num_blocks=num_blocks,
+                      dtype="bfloat16", data_plane_backend="nccl", tokenizer=str(TINY_TARGET), extra_env=NCCL_ENV,
+                      log_dir=Path(tempfile.mkdtemp(prefix="minedraft_split_")))
+    return LocalStack(cfg)
+
+
+def start_together(colocated: LocalStack, split: LocalStack, timeout: float = 400.0) -> None:
+    """Both stacks load at once (the models build on different processes); the colocated one has no draft service."""
+    colocated.start_verifier()
+    split.start_verifier()
+    split.start_draft()
+    colocated.start_manager()
+    split.start_manager()
+    colocated.wait_ready(timeout)
+    split.wait_ready(timeout)
+
+
+def log_tails(stack: LocalStack, lines: int = 20) -> dict[str, list[str]]:
+    folder = stack.cfg.log_dir
+    if folder is None:
+        return {}
+    return {f.name: f.read_text(errors="ignore").splitlines()[-lines:] for f in folder.glob("*.log")}
+
+
+def measure(stack: LocalStack, mode: str, k: int, prompts: list[list[int]], max_tokens: int, reps: int,
+            pipeline_depth: int = 2) -> tuple[dict, list[list[int]]]:
+    """One cell: policy, one full warm-up run, `reps` timed runs. Returns the row and the first run's outputs."""
+    cfg = stack.cfg
+    put_policy(stack.admin_port, mode=mode, k=k, max_num_seqs=len(prompts), pipeline_depth=pipeline_depth)
+    asyncio.run(generate_all(cfg.grpc_port, prompts, max_tokens))  # warm-up at this cell's own shape
+    before = fetch_status(cfg.http_port)
+    rates: list[float] = []
+    first: list[list[int]] = []
+    for _ in range(reps):
+        outputs, seconds = asyncio.run(generate_all(cfg.grpc_port, prompts, max_tokens))
+        rates.append(sum(len(o) for o in outputs) / seconds)
+        first = first or outputs
+    per_step = step_delta(fetch_status(cfg.http_port), before)
+    wall = per_step.get("wall_ms", 0.0)
+    busiest = max(per_step.get("verify_compute_ms", 0.0), per_step.get("draft_compute_ms", 0.0))
+    median = statistics.median(rates)
+    row = {
+        "tokens_per_s": median, "tokens_per_s_min": min(rates), "tokens_per_s_max": max(rates),
+        "spread": (max(rates) - min(rates)) / median, "reps": reps, "concurrency": len(prompts),
+        "latency_per_request_s": sum(len(o) for o in first) / median / len(prompts),  # set time / requests
+        "steps": per_step["steps"], "acceptance": per_step["acceptance"],
+        "mean_accepted_length": per_step["mean_accepted_length"], "step_ms": wall,
+        "draft_ms": per_step.get("draft_compute_ms", 0.0), "verify_ms": per_step.get("verify_compute_ms", 0.0),
+        "verify_wait_ms": per_step.get("verify_recv_wait_ms", 0.0),
+        "verify_plan_wait_ms": per_step.get("verify_plan_wait_ms", 0.0),
+        "data_plane_ms": per_step.get("verify_send_ms", 0.0) + per_step.get("draft_send_ms", 0.0),
+        "overlap_efficiency": busiest / wall if wall else 0.0,
+    }
+    return row, first
+
+
+def agreement(outputs: list[list[int]], reference: list[list[int]]) -> dict[str, float]:
+    """Token-for-token comparison with AR on the rows both have: exact rows, per-position agreement."""
+    pairs = list(zip(outputs, reference, strict=False))
+    same = sum(a == b for a, b in pairs)
+    positions = sum(sum(x == y for x, y in zip(a, b, strict=False)) / max(len(b), 1) for a, b in pairs)
+    return {"rows_equal_ar": same, "rows_compared": len(pairs), "agreement_with_ar": positions / max(len(pairs), 1)}
