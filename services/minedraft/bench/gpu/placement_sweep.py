@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--num-blocks", type=int, default=2048)
     p.add_argument("--deadline-s", type=float, default=1e9, help="start no new cell after this many seconds")
+    p.add_argument("--colocated-only", action="store_true",
+                   help="one GPU: AR and SD colocated only (no draft service, no PSD)")
     return p
 
 
@@ -91,7 +93,7 @@ class Sweep:
         ks, ms = (a.ks, a.ms) if full else (a.small_ks, a.small_ms)
         prompts = random_prompts(2 * max(ms + a.auto_ms), seed=13)
         colocated = colocated_stack(pair, a.num_blocks, 2 * max(ms + a.auto_ms))
-        split = split_stack(pair, a.num_blocks, 2 * max(ms + a.auto_ms))
+        split = None if a.colocated_only else split_stack(pair, a.num_blocks, 2 * max(ms + a.auto_ms))
         tags = {"goal": goal, "agree": agree}
         try:
             t0 = time.monotonic()
@@ -106,10 +108,12 @@ class Sweep:
                         break
                     t = {**tags, "m": m}
                     self.cell(colocated, "SD colocated", "sd", k, prompts[:m], 1, t, ar)
+                    if split is None:
+                        continue
                     self.cell(split, "SD-2GPU", "sd", k, prompts[:m], 2, t, ar)
                     self.cell(split, "PSD m/2+m/2", "psd", k, prompts[:m], 2, t, ar)
                     self.cell(split, "PSD m+m", "psd", k, prompts[: 2 * m], 2, t, ar)
-            for m in a.auto_ms:
+            for m in a.auto_ms if split is not None else []:
                 for k in [k for k in a.auto_fixed_ks if k not in ks or m not in ms]:
                     if self.time_left():
                         self.cell(split, "PSD m+m", "psd", k, prompts[: 2 * m], 2, {**tags, "m": m}, None)
@@ -119,10 +123,11 @@ class Sweep:
         except Exception as exc:  # keep what was measured; say what broke
             log(f"level {goal} failed: {exc!r}")
             self.results["errors"].append({"goal": goal, "error": repr(exc), "colocated": log_tails(colocated),
-                                           "split": log_tails(split)})
+                                           "split": log_tails(split) if split is not None else {}})
         finally:
             colocated.stop(grace=20)
-            split.stop(grace=20)
+            if split is not None:
+                split.stop(grace=20)
             self.save()
 
     def run(self) -> int:

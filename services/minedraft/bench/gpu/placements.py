@@ -50,15 +50,18 @@ def split_stack(pair: PairSpecs, num_blocks: int, max_num_seqs: int, tp_size: in
     return LocalStack(cfg)
 
 
-def start_together(colocated: LocalStack, split: LocalStack, timeout: float = 400.0) -> None:
+def start_together(colocated: LocalStack, split: LocalStack | None, timeout: float = 400.0) -> None:
     """Both stacks load at once (the models build on different processes); the colocated one has no draft service."""
     colocated.start_verifier()
-    split.start_verifier()
-    split.start_draft()
+    if split is not None:
+        split.start_verifier()
+        split.start_draft()
     colocated.start_manager()
-    split.start_manager()
+    if split is not None:
+        split.start_manager()
     colocated.wait_ready(timeout)
-    split.wait_ready(timeout)
+    if split is not None:
+        split.wait_ready(timeout)
 
 
 def log_tails(stack: LocalStack, lines: int = 20) -> dict[str, list[str]]:
