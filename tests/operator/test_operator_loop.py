@@ -25,7 +25,7 @@ def conditions(obj: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 def pod(mdd: dict[str, Any], name: str, status: dict[str, Any]) -> dict[str, Any]:
     labels = {"app.kubernetes.io/name": "minedraft", "app.kubernetes.io/instance": mdd["metadata"]["name"],
-              "app.kubernetes.io/managed-by": "minedraft-operator"}
+              "app.kubernetes.io/component": "server", "app.kubernetes.io/managed-by": "minedraft-operator"}
     meta = {"name": name, "namespace": NS, "labels": labels, "resourceVersion": "1"}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": []}, "status": status}
 
@@ -137,7 +137,8 @@ async def test_pod_status_drives_conditions(kmock, cpu_mdd, policy) -> None:
         assert "tiny-0 (CrashLoopBackOff)" in next(c["message"] for c in obj["status"]["conditions"]
                                                    if c["type"] == "Degraded")
         assert obj["status"]["readyReplicas"] == 1 and obj["status"]["replicas"] == 1
-        assert obj["status"]["selector"] == "app.kubernetes.io/name=minedraft,app.kubernetes.io/instance=tiny"
+        assert obj["status"]["selector"] == ("app.kubernetes.io/name=minedraft,app.kubernetes.io/instance=tiny,"
+                                             "app.kubernetes.io/component=server")
 
         # The policy appears: the push is tried, fails, is reported (and retried by the timer).
         await k.create(*POLICY, with_namespace(policy, "uid-pol"))
