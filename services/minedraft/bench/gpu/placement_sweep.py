@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--num-blocks", type=int, default=2048)
     p.add_argument("--deadline-s", type=float, default=1e9, help="start no new cell after this many seconds")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="N: the target over GPUs 0..N-1 in both placements; the draft service on GPU N")
     p.add_argument("--colocated-only", action="store_true",
                    help="one GPU: AR and SD colocated only (no draft service, no PSD)")
     return p
@@ -92,9 +94,11 @@ class Sweep:
         pair = PairSpecs(str(target), str(draft))
         ks, ms = (a.ks, a.ms) if full else (a.small_ks, a.small_ms)
         prompts = random_prompts(2 * max(ms + a.auto_ms), seed=13)
-        colocated = colocated_stack(pair, a.num_blocks, 2 * max(ms + a.auto_ms))
-        split = None if a.colocated_only else split_stack(pair, a.num_blocks, 2 * max(ms + a.auto_ms))
-        tags = {"goal": goal, "agree": agree}
+        seqs = 2 * max(ms + a.auto_ms)
+        colocated = colocated_stack(pair, a.num_blocks, seqs, a.tp_size)
+        split = None if a.colocated_only else split_stack(pair, a.num_blocks, seqs, a.tp_size)
+        n = a.tp_size
+        tags = {"goal": goal, "agree": agree, "tp_size": a.tp_size}
         try:
             t0 = time.monotonic()
             start_together(colocated, split)
@@ -102,24 +106,24 @@ class Sweep:
             for m in ms:
                 if not self.time_left():
                     break
-                ar = self.cell(colocated, "AR", "ar", 1, prompts[:m], 1, {**tags, "m": m}, None)
+                ar = self.cell(colocated, "AR", "ar", 1, prompts[:m], n, {**tags, "m": m}, None)
                 for k in ks:
                     if not self.time_left():
                         break
                     t = {**tags, "m": m}
-                    self.cell(colocated, "SD colocated", "sd", k, prompts[:m], 1, t, ar)
+                    self.cell(colocated, "SD colocated", "sd", k, prompts[:m], n, t, ar)
                     if split is None:
                         continue
-                    self.cell(split, "SD-2GPU", "sd", k, prompts[:m], 2, t, ar)
-                    self.cell(split, "PSD m/2+m/2", "psd", k, prompts[:m], 2, t, ar)
-                    self.cell(split, "PSD m+m", "psd", k, prompts[: 2 * m], 2, t, ar)
+                    self.cell(split, "SD-2GPU", "sd", k, prompts[:m], n + 1, t, ar)
+                    self.cell(split, "PSD m/2+m/2", "psd", k, prompts[:m], n + 1, t, ar)
+                    self.cell(split, "PSD m+m", "psd", k, prompts[: 2 * m], n + 1, t, ar)
             for m in a.auto_ms if split is not None else []:
                 for k in [k for k in a.auto_fixed_ks if k not in ks or m not in ms]:
                     if self.time_left():
-                        self.cell(split, "PSD m+m", "psd", k, prompts[: 2 * m], 2, {**tags, "m": m}, None)
+                        self.cell(split, "PSD m+m", "psd", k, prompts[: 2 * m], n + 1, {**tags, "m": m}, None)
                 if self.time_left():
-                    self.cell(split, "PSD m+m auto", "auto", a.auto_k_max, prompts[: 2 * m], 2, {**tags, "m": m},
-                              None)
+                    self.cell(split, "PSD m+m auto", "auto", a.auto_k_max, prompts[: 2 * m], n + 1,
+                              {**tags, "m": m}, None)
         except Exception as exc:  # keep what was measured; say what broke
             log(f"level {goal} failed: {exc!r}")
             self.results["errors"].append({"goal": goal, "error": repr(exc), "colocated": log_tails(colocated),

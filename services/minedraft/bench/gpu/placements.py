@@ -31,9 +31,11 @@ class PairSpecs:
     draft: str
 
 
-def colocated_stack(pair: PairSpecs, num_blocks: int, max_num_seqs: int) -> LocalStack:
+def colocated_stack(pair: PairSpecs, num_blocks: int, max_num_seqs: int, tp_size: int = 1) -> LocalStack:
+    """SD colocated on N = tp_size GPUs: the target over GPUs 0..N-1, the draft beside rank 0."""
     cfg = StackConfig(target=pair.target, draft=pair.draft, worker_module=SYNTHETIC_WORKERS, grpc_port=free_port(),
-                      http_port=free_port(), target_device="cuda:0", mode="sd", k=4, threads=4,
+                      http_port=free_port(), tp_size=tp_size,
+                      target_device=",".join(f"cuda:{r}" for r in range(tp_size)), mode="sd", k=4, threads=4,
                       max_num_seqs=max_num_seqs, num_blocks=num_blocks, dtype="bfloat16",
                       tokenizer=str(TINY_TARGET), log_dir=Path(tempfile.mkdtemp(prefix="minedraft_colocated_")),
                       process_env={"verifier": {"MINEDRAFT_COLOCATED_DRAFT": pair.draft}})
