@@ -1,6 +1,7 @@
 """`minedraft bench ...`: the command line over the benchmark modules.
 
     minedraft bench [flags]             AR vs standard SD in one process (ar_vs_sd.py)
+    minedraft bench --peer vllm [flags] ours and vLLM side by side, AR and SD (vs_vllm.py, vllm_peer.py)
     minedraft bench psd [flags]         SD vs PSD through the three services (sd_vs_psd.py);
                                         `minedraft bench-psd` is the same command
     minedraft bench gpu [flags]         the GPU sweep (gpu/sweep.py)
@@ -42,6 +43,12 @@ def runner(module: str) -> Runner:
     return run
 
 
+def default_bench(args: argparse.Namespace) -> int:
+    """`minedraft bench` without a name: AR vs SD, or ours vs vLLM side by side with `--peer vllm`."""
+    module = "minedraft.bench.vs_vllm" if args.peer == "vllm" else "minedraft.bench.ar_vs_sd"
+    return runner(module)(args)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser(
         "bench", help="compare AR and speculative decoding on CPU or GPU; `bench psd|gpu|...` for the others",
@@ -49,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "benchmark name belong to that default comparison.",
     )
     flags.add_ar_vs_sd_flags(bench)
-    bench.set_defaults(run=runner("minedraft.bench.ar_vs_sd"))
+    bench.set_defaults(run=default_bench)
     named = bench.add_subparsers(dest="benchmark", metavar="{" + ",".join(NAMED) + "}")
     for name, (module, add_flags, text) in NAMED.items():
         p = named.add_parser(name, help=text, description=text)

@@ -19,8 +19,14 @@ def add_ar_vs_sd_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", default="1,4,16", help="comma-separated concurrent request counts")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3, help="alternating AR/SD rounds; medians are reported")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (0: leave torch's default; with --peer vllm: 1), the same on both sides")
     p.add_argument("--json-out", help="write the raw results here")
+    p.add_argument("--peer", choices=["vllm"],
+                   help="also run vLLM (its own environment: scripts/setup_vllm_env.sh) side by side, AR and SD")
+    p.add_argument("--vllm-python", help="the vLLM environment's python [$MINEDRAFT_VLLM_PYTHON, .tools/vllm-venv]")
+    p.add_argument("--prompt-len", type=int, default=32, help="--peer: prompt tokens per request")
+    p.add_argument("--max-model-len", type=int, default=1024, help="--peer: vLLM's max_model_len")
 
 
 def add_sd_vs_psd_flags(p: argparse.ArgumentParser) -> None:
