@@ -112,8 +112,6 @@ def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage]) -> str:
                                   param="messages") from exc
 
 
-def chat_prompt_ids(tokenizer: Tokenizer, messages: list[ChatMessage], unlocked: bool = False) -> list[int]:
-    """`unlocked`: encode through the GIL-free path (from a worker thread, for long conversations)."""
+def chat_prompt_ids(tokenizer: Tokenizer, messages: list[ChatMessage]) -> list[int]:
     text = render_chat(tokenizer, messages)
-    encode = tokenizer.encode_unlocked if unlocked else tokenizer.encode
-    return encode(text, add_special_tokens=chat_template(tokenizer) is None)
+    return tokenizer.encode(text, add_special_tokens=chat_template(tokenizer) is None)

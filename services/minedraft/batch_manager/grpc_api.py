@@ -52,7 +52,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     async def _prompt_ids(self, request: generation_pb2.GenerateRequest) -> list[int]:
         kind = request.WhichOneof("prompt")
         if kind == "text":
-            return await encode_prompt(self.backend.tokenizer, request.text)
+            return await encode_prompt(self.backend.tokenizer, request.text, self.backend.max_context)
         if kind == "token_ids":
             return list(request.token_ids.ids)
         return []  # rejected by validation as an empty prompt

@@ -168,14 +168,15 @@ class OpenAIServer:
         self.check_model(body.model)
         body.check_supported()
         prompt = body.single_prompt()
-        ids = await encode_prompt(self.backend.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
+        ids = (await encode_prompt(self.backend.tokenizer, prompt, self.backend.max_context) if isinstance(prompt, str)
+               else list(prompt))
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         return await self._serve(request, body, ids, max_tokens, "cmpl", completion_events, completion_body)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         self.check_model(body.model)
         body.check_supported()
-        ids = await chat_ids(self.backend.tokenizer, body.messages)
+        ids = await chat_ids(self.backend.tokenizer, body.messages, self.backend.max_context)
         max_tokens = body.requested_max_tokens
         if max_tokens is None:  # OpenAI: as much as the context allows
             max_tokens = max(1, self.backend.max_context - len(ids))

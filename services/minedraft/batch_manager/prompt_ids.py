@@ -1,32 +1,55 @@
-"""Prompt text to token ids without stalling the event loop.
+"""Prompt text to token ids without stalling the event loop or tokenizing what cannot fit.
 
-Tokenizing is about 0.7 s of CPU per MB of text. Short prompts are encoded inline (a thread
-hop costs more than they do); long ones in a worker thread, through the tokenizer's
-GIL-free path, so /health, running streams and other requests keep being served. The
-request body limit (`--max-request-bytes`) bounds how long any one of them can take.
+Tokenizing costs about 0.7 s of CPU per MB of text and, for a few MB, hundreds of MB of memory.
+Short prompts are encoded inline (a thread hop costs more than they do); long ones in a worker
+thread, through the tokenizer's GIL-free path, so /health, running streams and other requests
+keep being served. A long text is first counted piece by piece, and refused as soon as the
+pieces hold clearly more tokens than the model's context, so a 4 MB prompt for a 4 K context
+costs one 64 K piece, not the whole text. The request body limit (`--max-request-bytes`)
+bounds everything else.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from minedraft.batch_manager.chat import chat_prompt_ids
+from minedraft.batch_manager.chat import chat_prompt_ids, chat_template, render_chat
 from minedraft.batch_manager.openai_models import ChatMessage
+from minedraft.core.errors import InvalidRequestError
 from minedraft.core.tokenizer import Tokenizer
 
 INLINE_CHARS = 16_384  # below this, encoding inline is cheaper than a thread hop
+PIECE_CHARS = 65_536  # a long text is counted in pieces of this many characters first
+SLACK_PER_CUT = 4  # tokens a cut through a word may add to the pieces' count
 
 
-async def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
+def encode_long(tokenizer: Tokenizer, text: str, max_context: int, add_special_tokens: bool = True,
+                param: str = "prompt") -> list[int]:
+    """The exact ids of `text` (from a worker thread), or InvalidRequestError as soon as its first
+    pieces already hold more than `max_context` tokens (each cut may add a few; they are allowed for)."""
+    counted = 0
+    for cuts, start in enumerate(range(0, len(text) - PIECE_CHARS, PIECE_CHARS), start=1):
+        counted += len(tokenizer.encode_unlocked(text[start:start + PIECE_CHARS], add_special_tokens=False))
+        if counted - SLACK_PER_CUT * cuts > max_context:
+            raise InvalidRequestError(f"{param} is longer than the model's context of {max_context} tokens (over "
+                                      f"{counted - SLACK_PER_CUT * cuts} tokens in its first {start + PIECE_CHARS} "
+                                      "characters); shorten it", param=param)
+    return tokenizer.encode_unlocked(text, add_special_tokens=add_special_tokens)
+
+
+async def encode_prompt(tokenizer: Tokenizer, text: str, max_context: int, add_special_tokens: bool = True,
+                        param: str = "prompt") -> list[int]:
     if len(text) < INLINE_CHARS:
-        return tokenizer.encode(text)
-    return await asyncio.get_running_loop().run_in_executor(None, tokenizer.encode_unlocked, text)
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    return await asyncio.get_running_loop().run_in_executor(None, encode_long, tokenizer, text, max_context,
+                                                            add_special_tokens, param)
 
 
-async def chat_ids(tokenizer: Tokenizer, messages: list[ChatMessage]) -> list[int]:
-    """The chat template rendered and encoded; in a worker thread when the conversation is long."""
+async def chat_ids(tokenizer: Tokenizer, messages: list[ChatMessage], max_context: int) -> list[int]:
+    """The chat template rendered and encoded; off the event loop when the conversation is long."""
     size = sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or [])
                for m in messages)
     if size < INLINE_CHARS:
         return chat_prompt_ids(tokenizer, messages)
-    return await asyncio.get_running_loop().run_in_executor(None, chat_prompt_ids, tokenizer, messages, True)
+    text = await asyncio.get_running_loop().run_in_executor(None, render_chat, tokenizer, messages)
+    return await encode_prompt(tokenizer, text, max_context, chat_template(tokenizer) is None, "messages")
