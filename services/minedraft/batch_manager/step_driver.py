@@ -105,11 +105,10 @@ class StepDriver:
         if with_drafts:
             self.observer.moved(len(self.sched.rebalance()))
         batches = self.sched.plan(self.step, with_drafts)
-        k = self.k_plan.for_plan(self.step, cfg.mode, cfg.k, with_drafts)
         to_draft = self.draft.sends_plans  # it gets every plan and verdict, drafting or not
         fields = {"step": self.step, "remove": self.pending_remove, "draft_batch": batches.draft,
-                  "verify_batch": batches.verify, "k": k, "with_drafts": with_drafts,
-                  "send_verdict": to_draft}
+                  "verify_batch": batches.verify, "k": self.k_plan.for_plan(self.step, cfg.mode, cfg.k, with_drafts),
+                  "with_drafts": with_drafts, "send_verdict": to_draft}
         self.verifier.send(control_pb2.ControlMessage(plan=control_pb2.StepPlan(add=adds, **fields)))
         if to_draft:
             assert self.draft.link is not None
@@ -158,8 +157,7 @@ class StepDriver:
         self.counters.add_timing("verify", event.timing, wall_ms)
         drafted, kind = self._drafted_at.pop(event.step, (0, "ar"))
         self.observer.verify_done(event, kind, wall_ms)
-        if event.data_plane_lost:  # the verifier judged this step without drafts
-            drafted = 0
+        drafted = 0 if event.data_plane_lost else drafted  # lost: the verifier judged this step without drafts
         self.k_plan.on_verify(event.step, drafted, list(event.verdicts.accepted), event.timing.compute_ms)
         self._apply_verdicts(event.verdicts, drafted, event.step)
         if event.data_plane_lost:
