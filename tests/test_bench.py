@@ -95,7 +95,9 @@ def test_documented_bench_spellings_parse_to_their_benchmarks() -> None:
     assert (psd.concurrency, psd.max_tokens) == (8, 96)
     gpu = parser.parse_args(["bench", "gpu", "--ks", "4,6", "--tiny", "--out", "x"])
     assert (gpu.ks, gpu.ms, gpu.tiny, gpu.out) == ([4, 6], [8, 16, 32, 64], True, "x")
-    assert set(commands.NAMED) == {"psd", "gpu", "gpu-report", "kernels"}
+    overhead = parser.parse_args(["bench", "observability", "--rounds", "3"])
+    assert (overhead.rounds, overhead.concurrency) == (3, 16)
+    assert {"psd", "gpu", "gpu-report", "kernels", "observability"} <= set(commands.NAMED)
 
 
 def test_bench_runs_ar_and_sd_on_the_bundled_pair(tmp_path: Path) -> None:
