@@ -58,14 +58,34 @@ class RotaryEmbedding(nn.Module):
         return emb.cos(), emb.sin()
 
 
+def cpu_gemm_layout(weight: torch.Tensor) -> torch.Tensor:
+    """On CPU, the same [out, in] matrix stored input-major (the transposed view of a contiguous
+    [in, out] tensor); other devices keep the checkpoint's layout.
+
+    `F.linear(x, w)` multiplies by `w.t()`: stored this way that is a plain row-major matrix, which
+    MKL's GEMMs at decode sizes (1-80 rows) run 10-60% faster than a transposed one (lm_head at
+    one row: 2.4x), with the same values and shapes everywhere else.
+    """
+    if weight.device.type != "cpu":
+        return weight
+    return weight.detach().t().contiguous().t()
+
+
+def relayout_linear(linear: nn.Linear) -> None:
+    """Give a linear's weight the device's preferred GEMM layout (see `cpu_gemm_layout`)."""
+    if linear.weight.device.type == "cpu":
+        linear.weight = nn.Parameter(cpu_gemm_layout(linear.weight), requires_grad=False)
+
+
 def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One weight (and bias) for linears that share an input, so a step reads it in one matmul.
 
     Each linear's parameters become views into the fused tensor, so checkpoint names, state
     dicts and parameter counts are unchanged. Fuse after the model is on its device: moving
-    it afterwards would copy the views apart.
+    it afterwards would copy the views apart. On CPU the fused weight is input-major
+    (`cpu_gemm_layout`).
     """
-    weight = torch.cat([lin.weight.detach() for lin in linears])
+    weight = cpu_gemm_layout(torch.cat([lin.weight.detach() for lin in linears]))
     has_bias = linears[0].bias is not None
     bias = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None  # type: ignore[union-attr]
     offset = 0
@@ -90,6 +110,7 @@ class SwiGLU(nn.Module):
 
     def fuse(self) -> None:
         self.gate_up_weight, _ = fuse_linears([self.gate_proj, self.up_proj])
+        relayout_linear(self.down_proj)
 
     def forward(self, x: torch.Tensor, backend: str = "torch") -> torch.Tensor:
         return self.down_proj(silu_and_mul(F.linear(x, self.gate_up_weight), backend))

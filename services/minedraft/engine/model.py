@@ -15,7 +15,14 @@ from torch.nn import functional as F
 from minedraft.engine.attention import AttentionMetadata, paged_attention
 from minedraft.engine.config import ModelConfig
 from minedraft.engine.fused import add_rms_norm, rope_and_store
-from minedraft.engine.layers import RMSNorm, RotaryEmbedding, SwiGLU, fuse_linears, rope_inverse_frequencies
+from minedraft.engine.layers import (
+    RMSNorm,
+    RotaryEmbedding,
+    SwiGLU,
+    fuse_linears,
+    relayout_linear,
+    rope_inverse_frequencies,
+)
 
 
 class Attention(nn.Module):
@@ -38,6 +45,7 @@ class Attention(nn.Module):
 
     def fuse(self) -> None:
         self.qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+        relayout_linear(self.o_proj)
 
     def forward(
         self,
@@ -145,11 +153,15 @@ class CausalLM(nn.Module):
         return model
 
     def fuse_projections(self) -> CausalLM:
-        """Concatenate q/k/v and gate/up weights (see `layers.fuse_linears`); call once on the
-        final device."""
+        """Concatenate q/k/v and gate/up weights (see `layers.fuse_linears`) and give every
+        projection the device's GEMM layout (`layers.cpu_gemm_layout`); call once on the final
+        device."""
         for layer in self.model.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
+        relayout_linear(self.lm_head)
+        if self.config.tie_word_embeddings:
+            self.model.embed_tokens.weight = self.lm_head.weight
         return self
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
