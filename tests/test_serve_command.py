@@ -34,7 +34,7 @@ def test_serve_starts_three_processes_serves_openai_and_stops_on_ctrl_c(random_p
     http_port, grpc_port = free_port(), free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "minedraft.cli.main", "serve", "--target", str(target), "--draft", str(draft),
-         "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--k", "3"],
+         "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--admin-port", str(free_port()), "--k", "3"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
