@@ -19,6 +19,7 @@ import torch.distributed as dist
 from minedraft.engine.drafter import Proposal
 from minedraft.engine.tensor_parallel import TPContext
 from minedraft.proto import control_pb2
+from minedraft.worker.data_plane import host_store
 
 KIND_PLAN = 1
 KIND_RESET = 2
@@ -28,9 +29,13 @@ _HEADER = 6  # kind, plan bytes, batch, k, vocab, has_drafts (bit 0) | has_probs
 
 def join_tp_group(host: str, port: int, rank: int, size: int, device: torch.device,
                   timeout_s: float = 300.0) -> tuple[TPContext, dist.Store]:
-    """Rank 0 hosts the store on `port`; the others connect. Returns the context and the store."""
+    """Rank 0 hosts the store on `port` (listening on `host` only); the others connect. Returns the
+    context and the store."""
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, size, rank == 0, timeout=timeout, wait_for_workers=False)
+    if rank == 0:
+        store = host_store(host, port, timeout_s)
+    else:
+        store = dist.TCPStore(host, port, size, False, timeout=timeout, wait_for_workers=False)
     prefixed = dist.PrefixStore("tp", store)
     if device.type == "cuda":
         group = dist.ProcessGroupNCCL(prefixed, rank, size)
