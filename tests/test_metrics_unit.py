@@ -7,7 +7,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minedraft.observability.metrics import ServingMetrics
 
-STATUS = {"running": 3, "waiting": 2, "block_budget": 200, "reserved_blocks": 50, "k": 4, "mode": "psd",
+STATUS = {"preemptions": 2, "verifier_reconnects": 1,
+          "running": 3, "waiting": 2, "block_budget": 200, "reserved_blocks": 50, "k": 4, "mode": "psd",
           "configured_mode": "psd", "draft_connected": True, "batch_sizes": [2, 1], "draft_link_transport": "gloo"}
 
 
@@ -55,6 +56,7 @@ def test_request_life_cycle_and_gauges() -> None:
     assert value(s, "minedraft:batch_size", batch="0") == 2
     assert value(s, "minedraft:draft_link_info", transport="gloo") == 1
     assert value(s, "minedraft:speculation_fallback_active") == 0
+    assert value(s, "minedraft:preemptions_total") == 2 and value(s, "minedraft:verifier_reconnects_total") == 1
 
 
 def test_fallback_gauge_when_the_draft_is_gone() -> None:

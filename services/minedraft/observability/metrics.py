@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 # vLLM's buckets, so the same dashboard panels fit both servers.
@@ -165,7 +165,7 @@ class _StatusGauges(Collector):
         self.model_name = model_name
         self.status = status
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self.status()
         m = [self.model_name]
 
@@ -179,7 +179,8 @@ class _StatusGauges(Collector):
         yield gauge("vllm:num_requests_waiting", "Requests waiting for admission.", float(s.get("waiting", 0)))
         budget = float(s.get("block_budget", 0) or 0)
         used = float(s.get("reserved_blocks", 0) or 0)
-        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks reserved (1 = full).",
+        yield gauge("vllm:kv_cache_usage_perc",
+                    "Fraction of KV blocks the running sequences may occupy at the next step (1 = full).",
                     used / budget if budget else 0.0)
         k = float(s.get("k", 0))
         yield gauge("minedraft:k", "Draft tokens per speculative step.", k)
@@ -198,6 +199,13 @@ class _StatusGauges(Collector):
         for index, size in enumerate(sizes):  # type: ignore[arg-type]
             batch.add_metric([*m, str(index)], float(size))
         yield batch
+        for name, key, doc in (("minedraft:preemptions", "preemptions",
+                                "Sequences preempted for KV space (requeued and recomputed)."),
+                               ("minedraft:verifier_reconnects", "verifier_reconnects",
+                                "Times the batch manager reconnected to a restarted verifier.")):
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric(m, float(s.get(key, 0) or 0))
+            yield counter
         transport = str(s.get("draft_link_transport", "") or "none")
         yield gauge("minedraft:draft_link_info", "The transport of the draft <-> verifier data plane (label).",
                     1.0, ["transport"], [transport])
