@@ -78,13 +78,13 @@ def test_draft_service_rejoins_after_a_data_plane_error(random_pair) -> None:
     """A transport error mid-step must close the draft side's process group, or every later
     epoch fails to form in that process (and the verifier waits out each attempt)."""
     from minedraft.draft_service.executor import DraftExecutor
-    from minedraft.engine.drafter import DraftWorker
+    from minedraft.engine.drafter import Drafter
     from minedraft.engine.loader import load_model
     from minedraft.engine.runner import ModelRunner
     from minedraft.proto import control_pb2
     from minedraft.worker.data_plane import DataPlaneError
 
-    executor = DraftExecutor(DraftWorker(ModelRunner(load_model(random_pair[1]), 64, 16)))
+    executor = DraftExecutor(Drafter(ModelRunner(load_model(random_pair[1]), 64, 16)))
     ctx = mp.get_context("spawn")
     queue, go = ctx.Queue(), ctx.Queue()
     peer = ctx.Process(target=verifier_epochs, args=(queue, go))
