@@ -35,7 +35,7 @@ class AttentionMetadata:
     key_mask: torch.Tensor | None = None  # torch: [B, 1, Q, L] True where the query may attend
     write_tokens: torch.Tensor | None = None  # torch: flat [B*Q] indices of the real tokens (None: all are)
     write_slots: torch.Tensor | None = None  # torch: KV slot of each written token
-    folded_masks: dict[int, torch.Tensor] | None = None  # torch: key_mask per query-head group size, [B, 1, G*Q, L]
+    folded_masks: dict | None = None  # torch: additive masks per (query-head group, dtype), [B, 1, Q*G|1, L]
 
 
 def build_metadata(
@@ -54,6 +54,8 @@ def build_metadata(
     are never read). The triton backend path does no host synchronisation, so it can run
     inside a captured CUDA graph.
     """
+    if backend == "torch":
+        return _torch_metadata(starts, query_lens, width, block_tables, block_size, sliding_window)
     device = starts.device
     offsets = torch.arange(width, device=device).unsqueeze(0)
     valid_q = offsets < query_lens.unsqueeze(1)
@@ -61,33 +63,47 @@ def build_metadata(
     blocks = torch.gather(block_tables, 1, (positions // block_size).clamp(max=block_tables.shape[1] - 1))
     slots = blocks * block_size + positions % block_size
     slot_mapping = torch.where(valid_q, slots, torch.full_like(slots, -1))
-    meta = AttentionMetadata(positions, slot_mapping, block_tables, starts, query_lens, sliding_window, backend)
-    if backend == "torch":
-        _torch_extras(meta, valid_q, block_size)
-    return meta
+    return AttentionMetadata(positions, slot_mapping, block_tables, starts, query_lens, sliding_window, backend)
 
 
-def _torch_extras(meta: AttentionMetadata, valid_q: torch.Tensor, block_size: int) -> None:
-    """Key blocks, the visibility mask and the write indices, computed once for all layers."""
-    positions, block_tables = meta.positions, meta.block_tables
-    context_lens = torch.where(valid_q, positions + 1, torch.zeros_like(positions)).amax(dim=1)
-    max_len = int(context_lens.max().item()) if positions.shape[0] else 0
+def _torch_metadata(
+    starts: torch.Tensor,
+    query_lens: torch.Tensor,
+    width: int,
+    block_tables: torch.Tensor,
+    block_size: int,
+    sliding_window: int | None,
+) -> AttentionMetadata:
+    """The torch path's metadata, in as few small ops as possible: on a CPU every op costs a few
+    microseconds whatever its size, and this runs once per forward for all layers."""
+    offsets = torch.arange(width, device=starts.device)
+    positions = starts.unsqueeze(1) + offsets
+    full = bool((query_lens == width).all())  # steady decode and verify steps: no padding
+    valid_q = None if full else offsets < query_lens.unsqueeze(1)
+    if valid_q is not None:
+        positions = positions.masked_fill_(~valid_q, 0)
+    block_index = positions.div(block_size, rounding_mode="floor").clamp_(max=block_tables.shape[1] - 1)
+    slots = block_tables.gather(1, block_index).mul_(block_size).add_(positions % block_size)
+    slot_mapping = slots if valid_q is None else slots.masked_fill_(~valid_q, -1)
+    meta = AttentionMetadata(positions, slot_mapping, block_tables, starts, query_lens, sliding_window, "torch")
+    max_len = int((starts + query_lens).max()) if positions.shape[0] else 0
     num_blocks = max(1, -(-max_len // block_size))
     table = block_tables[:, :num_blocks]
     if table.shape[1] < num_blocks:  # a caller's table narrower than the context: pad with block 0 (masked)
         table = F.pad(table, (0, num_blocks - table.shape[1]))
     meta.key_blocks = table.reshape(-1)
     key_pos = torch.arange(num_blocks * block_size, device=positions.device)
-    visible = key_pos.view(1, 1, -1) <= positions.unsqueeze(-1)
-    if meta.sliding_window is not None:
-        visible &= key_pos.view(1, 1, -1) > positions.unsqueeze(-1) - meta.sliding_window
-    visible &= valid_q.unsqueeze(-1)
-    # Padded query rows see key 0 so their softmax stays finite; their outputs are ignored.
-    visible[..., 0] |= ~valid_q
-    meta.key_mask = visible.unsqueeze(1)
-    if not bool(valid_q.all()):
+    visible = key_pos <= positions.unsqueeze(-1)  # [B, Q, L]
+    if sliding_window is not None:
+        visible &= key_pos > positions.unsqueeze(-1) - sliding_window
+    if valid_q is not None:
+        visible &= valid_q.unsqueeze(-1)
+        # Padded query rows see key 0 so their softmax stays finite; their outputs are ignored.
+        visible[..., 0] |= ~valid_q
         meta.write_tokens = valid_q.reshape(-1).nonzero().squeeze(1)
-        meta.write_slots = meta.slot_mapping.reshape(-1).index_select(0, meta.write_tokens)
+        meta.write_slots = slot_mapping.reshape(-1).index_select(0, meta.write_tokens)
+    meta.key_mask = visible.unsqueeze(1)
+    return meta
 
 
 def write_kv(
@@ -115,16 +131,21 @@ def write_kv(
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, idx, v_rows.to(v_cache.dtype))
 
 
-def _folded_mask(meta: AttentionMetadata, group: int) -> torch.Tensor:
-    """key_mask repeated for the `group` query heads folded into the query axis (row g*Q + q)."""
+def _additive_mask(meta: AttentionMetadata, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """key_mask as SDPA's additive mask (0 / -inf) for `group` query heads folded into the query
+    axis (row q * group + g), built once per forward and shared by every layer."""
     assert meta.key_mask is not None
     if meta.folded_masks is None:
         meta.folded_masks = {}
-    mask = meta.folded_masks.get(group)
+    key = (group, dtype)
+    mask = meta.folded_masks.get(key)
     if mask is None:
-        batch, _, width, keys = meta.key_mask.shape
-        mask = meta.key_mask.expand(batch, group, width, keys).reshape(batch, 1, group * width, keys)
-        meta.folded_masks[group] = mask
+        visible = meta.key_mask
+        batch, _, width, keys = visible.shape
+        if width > 1:  # one decode token per row broadcasts over the group as it is
+            visible = visible.unsqueeze(3).expand(batch, 1, width, group, keys).reshape(batch, 1, width * group, keys)
+        mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+        meta.folded_masks[key] = mask
     return mask
 
 
@@ -149,10 +170,9 @@ def paged_attention(
     # Whole blocks, in each row's order: [B, L, Hkv, D] -> [B, Hkv, L, D] (a view).
     keys = k_cache.index_select(0, meta.key_blocks).view(batch, keys_len, kv_heads, dim).transpose(1, 2)
     values = v_cache.index_select(0, meta.key_blocks).view(batch, keys_len, kv_heads, dim).transpose(1, 2)
-    # Query head h = kv_head * group + g; rows of one KV head: [B, Hkv, G*Q, D].
-    folded = q.reshape(batch, width, kv_heads, group, dim).permute(0, 2, 3, 1, 4).reshape(
-        batch, kv_heads, group * width, dim)
-    out = F.scaled_dot_product_attention(folded.to(keys.dtype), keys, values, attn_mask=_folded_mask(meta, group),
-                                         scale=scale)
-    out = out.to(q.dtype).view(batch, kv_heads, group, width, dim).permute(0, 3, 1, 2, 4)
+    # Query head h = kv_head * group + g; the rows of one KV head, [B, Hkv, Q*G, D] (a view for Q = 1).
+    folded = q.reshape(batch, width, kv_heads, group, dim).transpose(1, 2).reshape(batch, kv_heads, width * group, dim)
+    out = F.scaled_dot_product_attention(folded.to(keys.dtype), keys, values,
+                                         attn_mask=_additive_mask(meta, group, keys.dtype), scale=scale)
+    out = out.to(q.dtype).view(batch, kv_heads, width, group, dim).transpose(1, 2)
     return out.reshape(batch, width, heads, dim)

@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from minedraft.engine.attention import AttentionMetadata, paged_attention
 from minedraft.engine.config import ModelConfig
@@ -20,6 +19,7 @@ from minedraft.engine.layers import (
     RotaryEmbedding,
     SwiGLU,
     fuse_linears,
+    linear,
     relayout_linear,
     rope_inverse_frequencies,
 )
@@ -55,11 +55,11 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         batch, width, _ = x.shape
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
         qk_norm = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
         q = rope_and_store(qkv, cos_sin, kv, meta, self.num_heads, self.num_kv_heads, self.head_dim, qk_norm)
         out = paged_attention(q, kv[0], kv[1], meta, self.scale)
-        return self.o_proj(out.reshape(batch, width, -1))
+        return linear(out.reshape(batch, width, -1), self.o_proj.weight)
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -165,4 +165,4 @@ class CausalLM(nn.Module):
         return self
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return linear(hidden, self.lm_head.weight).float()
