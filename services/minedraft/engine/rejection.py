@@ -44,10 +44,10 @@ def verify_drafts(
     is greedy.
     """
     batch, k = draft_tokens.shape
-    greedy = sampling.greedy
     target_argmax = target_logits.argmax(dim=-1)  # [B, k+1]
     accept = draft_tokens == target_argmax[:, :k]
-    if draft_probs is not None and not sampling.all_greedy:
+    greedy = None if sampling.all_greedy else sampling.greedy
+    if draft_probs is not None and greedy is not None:
         idx = draft_tokens.unsqueeze(-1)
         p_x = target_probs[:, :k].gather(-1, idx).squeeze(-1).double()
         q_x = draft_probs.gather(-1, idx).squeeze(-1).double()
@@ -57,7 +57,7 @@ def verify_drafts(
 
     rows = torch.arange(batch, device=draft_tokens.device)
     final_greedy = target_argmax[rows, n_acc]
-    if sampling.all_greedy:
+    if greedy is None:
         final = final_greedy
     else:
         p_last = target_probs[rows, n_acc]  # [B, V]

@@ -8,6 +8,7 @@ the draft service and the verifier can each produce their share without sharing 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,8 @@ class BatchSampling:
 
     @classmethod
     def from_params(cls, params: list[SamplingParams], device: torch.device | str = "cpu") -> BatchSampling:
+        if all(p.greedy for p in params):  # the common case: no per-row tensor is ever read but `greedy`
+            return cls(*_greedy_rows(len(params), str(device)), all_greedy=True)
         return cls(
             temperature=to_device(torch.tensor([p.temperature for p in params], dtype=torch.float32), device),
             top_k=to_device(torch.tensor([p.top_k for p in params], dtype=torch.long), device),
@@ -54,6 +57,16 @@ class BatchSampling:
     @property
     def greedy(self) -> torch.Tensor:
         return self.temperature == 0
+
+
+@functools.lru_cache(maxsize=64)
+def _greedy_rows(rows: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Constant parameter rows of an all-greedy batch (temperature 0, no top-k/top-p, seed 0),
+    made once per batch size instead of four small tensors every step. Never written to."""
+    zeros_f, ones_f = torch.zeros(rows, dtype=torch.float32), torch.ones(rows, dtype=torch.float32)
+    zeros_l = torch.zeros(rows, dtype=torch.long)
+    return (to_device(zeros_f, device), to_device(zeros_l, device), to_device(ones_f, device),
+            to_device(zeros_l.clone(), device))
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
