@@ -19,8 +19,8 @@ from minedraft.engine.layers import (
     RotaryEmbedding,
     SwiGLU,
     fuse_linears,
+    gemm_weight,
     linear,
-    relayout_linear,
     rope_inverse_frequencies,
 )
 
@@ -40,12 +40,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.qkv_weight: torch.Tensor | None = None  # set by fuse(), before the first forward
+        self.qkv_weight: torch.Tensor | None = None  # set by fuse(), before the first forward (`gemm_weight`)
         self.qkv_bias: torch.Tensor | None = None
+        self.o_weight: torch.Tensor | None = None
 
     def fuse(self) -> None:
-        self.qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
-        relayout_linear(self.o_proj)
+        qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+        self.qkv_weight = gemm_weight(qkv_weight)
+        self.o_weight = gemm_weight(self.o_proj.weight)
 
     def forward(
         self,
@@ -59,7 +61,7 @@ class Attention(nn.Module):
         qk_norm = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
         q = rope_and_store(qkv, cos_sin, kv, meta, self.num_heads, self.num_kv_heads, self.head_dim, qk_norm)
         out = paged_attention(q, kv[0], kv[1], meta, self.scale)
-        return linear(out.reshape(batch, width, -1), self.o_proj.weight)
+        return linear(out.reshape(batch, width, -1), self.o_weight)
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -124,6 +126,7 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.head_weight: torch.Tensor | None = None  # set by fuse_projections (`gemm_weight`)
 
     def forward(
         self,
@@ -153,16 +156,14 @@ class CausalLM(nn.Module):
         return model
 
     def fuse_projections(self) -> CausalLM:
-        """Concatenate q/k/v and gate/up weights (see `layers.fuse_linears`) and give every
-        projection the device's GEMM layout (`layers.cpu_gemm_layout`); call once on the final
-        device."""
+        """Concatenate q/k/v and gate/up weights (see `layers.fuse_linears`) and prepare every
+        projection for the device's GEMM (`layers.gemm_weight`); call once on the final device."""
         for layer in self.model.layers:
             layer.self_attn.fuse()
             layer.mlp.fuse()
-        relayout_linear(self.lm_head)
-        if self.config.tie_word_embeddings:
-            self.model.embed_tokens.weight = self.lm_head.weight
+        self.head_weight = gemm_weight(self.lm_head.weight)
         return self
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(hidden, self.lm_head.weight).float()
+        assert self.head_weight is not None, "fuse_projections() first"
+        return linear(hidden, self.head_weight).float()
