@@ -46,8 +46,15 @@ def verify_drafts(
     batch, k = draft_tokens.shape
     target_argmax = target_logits.argmax(dim=-1)  # [B, k+1]
     accept = draft_tokens == target_argmax[:, :k]
-    greedy = None if sampling.all_greedy else sampling.greedy
-    if draft_probs is not None and greedy is not None:
+    slot = torch.arange(k + 1, device=draft_tokens.device).unsqueeze(0)
+    if sampling.all_greedy:
+        # Every kept draft equals the target's argmax at its slot, and the token after them is the
+        # argmax too: the verdict is the argmax row cut after the first disagreement.
+        n_acc = _first_rejection(accept)
+        tokens = torch.where(slot <= n_acc.unsqueeze(1), target_argmax, -1)
+        return Verdict(tokens=tokens, counts=n_acc + 1, accepted=n_acc)
+    greedy = sampling.greedy
+    if draft_probs is not None:
         idx = draft_tokens.unsqueeze(-1)
         p_x = target_probs[:, :k].gather(-1, idx).squeeze(-1).double()
         q_x = draft_probs.gather(-1, idx).squeeze(-1).double()
@@ -57,22 +64,18 @@ def verify_drafts(
 
     rows = torch.arange(batch, device=draft_tokens.device)
     final_greedy = target_argmax[rows, n_acc]
-    if greedy is None:
-        final = final_greedy
+    p_last = target_probs[rows, n_acc]  # [B, V]
+    if draft_probs is None:  # no drafts were judged: plain sampling from p
+        residual = p_last
     else:
-        p_last = target_probs[rows, n_acc]  # [B, V]
-        if draft_probs is None:  # no drafts were judged: plain sampling from p
-            residual = p_last
-        else:
-            q_last = draft_probs[rows, n_acc.clamp(max=k - 1)]
-            q_last = torch.where((n_acc < k).unsqueeze(1), q_last, 0.0)  # zero at the bonus slot: residual == p
-            residual = (p_last - q_last).clamp(min=0)
-            mass = residual.sum(dim=-1, keepdim=True)
-            residual = torch.where(mass > 0, residual, p_last)
-        u = uniforms(sampling.seed, positions[rows, n_acc], STREAM_TARGET)
-        final = torch.where(greedy, final_greedy, sample_from(residual, u))
+        q_last = draft_probs[rows, n_acc.clamp(max=k - 1)]
+        q_last = torch.where((n_acc < k).unsqueeze(1), q_last, 0.0)  # zero at the bonus slot: residual == p
+        residual = (p_last - q_last).clamp(min=0)
+        mass = residual.sum(dim=-1, keepdim=True)
+        residual = torch.where(mass > 0, residual, p_last)
+    u = uniforms(sampling.seed, positions[rows, n_acc], STREAM_TARGET)
+    final = torch.where(greedy, final_greedy, sample_from(residual, u))
 
-    slot = torch.arange(k + 1, device=draft_tokens.device).unsqueeze(0)
     pad = torch.full((batch, 1), -1, dtype=draft_tokens.dtype, device=draft_tokens.device)
     padded_drafts = torch.cat((draft_tokens, pad), dim=1)
     tokens = torch.where(slot < n_acc.unsqueeze(1), padded_drafts, torch.full_like(padded_drafts, -1))
