@@ -62,8 +62,7 @@ def vllm_greedy(python: Path, target: Path, draft: Path | None, prompts: list[li
     config = PeerConfig(str(target), str(draft) if draft else None, K, threads=1, max_num_seqs=len(prompts),
                         max_model_len=max_model_len, skip_tokenizer=True)
     with VllmPeer(config, python) as peer:
-        outputs, _ = peer.generate(prompts, MAX_TOKENS)
-    return outputs
+        return peer.generate(prompts, MAX_TOKENS).outputs
 
 
 def check_pair(python: Path, target: Path, draft: Path, prompts: list[list[int]], max_model_len: int) -> None:

@@ -57,6 +57,7 @@ def test_measure_reports_speeds_ratios_and_greedy_identity(random_pair: tuple[Pa
                   PROMPTS, max_tokens=12, repeats=2)
     assert row["batch"] == len(PROMPTS)
     assert all(len(row[f"{name}_rounds"]) == 2 and row[f"{name}_tokens_per_s"] > 0 for name in SYSTEMS)
+    assert all(row[f"{name}_tokens_per_cpu_s"] > 0 for name in SYSTEMS)
     assert row["ar_identical"] and row["sd_identical"] and row["sd_equals_ar"]
     assert row["ours_sd_over_ar"] == round(row["ours_sd_tokens_per_s"] / row["ours_ar_tokens_per_s"], 3)
     other = engine_from_folders(draft, None, "ar", k=4)  # a different model in the peer's place

@@ -45,6 +45,16 @@ def vllm_importable(python: Path) -> bool:
 
 
 @dataclass(slots=True)
+class Timed:
+    """A batch's greedy outputs and how long producing them took: wall seconds, and the CPU
+    seconds of the producing process (every thread), which other processes' load does not inflate."""
+
+    outputs: list[list[int]]
+    seconds: float
+    cpu_seconds: float
+
+
+@dataclass(slots=True)
 class PeerConfig:
     target: str
     draft: str | None = None  # None: autoregressive
@@ -78,13 +88,12 @@ class VllmPeer:
         self.version = str(ready.get("vllm", "?"))
         self.threads = int(ready.get("threads", 0))
 
-    def generate(
-        self, prompts: list[list[int]], max_tokens: int, timeout_s: float = 1800
-    ) -> tuple[list[list[int]], float]:
-        """Greedy, ignore_eos; seconds is vLLM's own wall time for the batch."""
+    def generate(self, prompts: list[list[int]], max_tokens: int, timeout_s: float = 1800) -> Timed:
+        """Greedy, ignore_eos; the times are vLLM's own (wall and CPU) for the batch."""
         self._send({"prompts": prompts, "max_tokens": max_tokens})
         reply = self._read(timeout_s)
-        return [list(map(int, o)) for o in reply["outputs"]], float(reply["seconds"])
+        return Timed([list(map(int, o)) for o in reply["outputs"]], float(reply["seconds"]),
+                     float(reply["cpu_seconds"]))
 
     def close(self) -> None:
         if self._proc.poll() is None:

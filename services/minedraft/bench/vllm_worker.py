@@ -6,10 +6,11 @@ draft-model speculative decoding when --draft is given. Protocol, one JSON objec
 
     -> (started)                          <- {"ready": true, "vllm": VERSION, "threads": N}
     -> {"prompts": [[ids]], "max_tokens": N}
-                                          <- {"outputs": [[ids]], "seconds": S}
+                                          <- {"outputs": [[ids]], "seconds": S, "cpu_seconds": C}
     -> {"quit": true} or end of input     (exits)
 
-Greedy, ignore_eos, token-id prompts. `seconds` is the wall time of `LLM.generate` alone.
+Greedy, ignore_eos, token-id prompts. `seconds` is the wall time of `LLM.generate` alone,
+`cpu_seconds` the CPU time this process spent in it (all its threads).
 vLLM's own logs go to stderr; the protocol has stdout to itself.
 """
 
@@ -73,11 +74,11 @@ def serve(llm: Any, detokenize: bool, requests: TextIO, replies: TextIO) -> None
         params = SamplingParams(max_tokens=int(message["max_tokens"]), temperature=0.0, ignore_eos=True,
                                 detokenize=detokenize)
         prompts = [TokensPrompt(prompt_token_ids=list(p)) for p in message["prompts"]]
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         results = llm.generate(prompts, params, use_tqdm=False)
-        seconds = time.perf_counter() - start
+        seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         outputs = [list(r.outputs[0].token_ids) for r in results]
-        replies.write(json.dumps({"outputs": outputs, "seconds": seconds}) + "\n")
+        replies.write(json.dumps({"outputs": outputs, "seconds": seconds, "cpu_seconds": cpu_seconds}) + "\n")
         replies.flush()
 
 

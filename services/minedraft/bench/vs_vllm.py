@@ -18,23 +18,23 @@ from pathlib import Path
 
 import torch
 
-from minedraft.bench.vllm_peer import PeerConfig, VllmPeer, vllm_python
+from minedraft.bench.vllm_peer import PeerConfig, Timed, VllmPeer, vllm_python
 from minedraft.bench.workload import code_prompts
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.llm_engine import EngineConfig, LLMEngine
 from minedraft.engine.loader import parse_dtype
 
 SYSTEMS = ("ours_ar", "vllm_ar", "ours_sd", "vllm_sd")
-Generate = Callable[[list[list[int]], int], tuple[list[list[int]], float]]
+Generate = Callable[[list[list[int]], int], Timed]
 
 
 def ours(engine: LLMEngine) -> Generate:
-    """Our engine behind the peer's interface: greedy, ignore_eos, wall time of `generate`."""
-    def generate(prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
+    """Our engine behind the peer's interface: greedy, ignore_eos, wall and CPU time of `generate`."""
+    def generate(prompts: list[list[int]], max_tokens: int) -> Timed:
         params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True) for _ in prompts]
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         reqs = engine.generate(prompts, params)
-        return [r.output_ids for r in reqs], time.perf_counter() - start
+        return Timed([r.output_ids for r in reqs], time.perf_counter() - start, time.process_time() - cpu_start)
 
     return generate
 
@@ -44,19 +44,23 @@ def measure(systems: dict[str, Generate], prompts: list[list[int]], max_tokens: 
     for generate in systems.values():  # warm-up: first-call allocations, lazy imports
         generate(prompts, 4)
     speeds: dict[str, list[float]] = {name: [] for name in systems}
+    cpu_speeds: dict[str, list[float]] = {name: [] for name in systems}
     outputs: dict[str, list[list[int]]] = {}
     names = list(systems)
     for round_index in range(repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            tokens, seconds = systems[name](prompts, max_tokens)
-            outputs.setdefault(name, tokens)
-            speeds[name].append(sum(len(t) for t in tokens) / seconds)
+            run = systems[name](prompts, max_tokens)
+            outputs.setdefault(name, run.outputs)
+            tokens = sum(len(t) for t in run.outputs)
+            speeds[name].append(tokens / run.seconds)
+            cpu_speeds[name].append(tokens / run.cpu_seconds)
     tps = {name: statistics.median(v) for name, v in speeds.items()}
     return {
         "batch": len(prompts),
         **{f"{name}_tokens_per_s": round(tps[name], 1) for name in names},
         **{f"{name}_rounds": [round(v, 1) for v in speeds[name]] for name in names},
+        **{f"{name}_tokens_per_cpu_s": round(statistics.median(cpu_speeds[name]), 1) for name in names},
         "ours_sd_over_ar": round(tps["ours_sd"] / tps["ours_ar"], 3),
         "vllm_sd_over_ar": round(tps["vllm_sd"] / tps["vllm_ar"], 3),
         "ar_ours_over_vllm": round(tps["ours_ar"] / tps["vllm_ar"], 3),
@@ -65,6 +69,13 @@ def measure(systems: dict[str, Generate], prompts: list[list[int]], max_tokens: 
         "sd_identical": outputs["ours_sd"] == outputs["vllm_sd"],
         "sd_equals_ar": outputs["ours_sd"] == outputs["ours_ar"] and outputs["vllm_sd"] == outputs["vllm_ar"],
     }
+
+
+def print_cpu_table(rows: list[dict]) -> None:
+    print("| batch | ours AR | vLLM AR | ours SD | vLLM SD |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['batch']} | " + " | ".join(str(r[f"{name}_tokens_per_cpu_s"]) for name in SYSTEMS) + " |")
 
 
 def print_table(rows: list[dict]) -> None:
@@ -108,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
           f"max_tokens={args.max_tokens}, greedy, {threads} thread(s) each, tokens/s medians of {args.repeats} "
           "rotating rounds")
     print_table(rows)
+    print("\ntokens per CPU-second of the generating process (every thread; medians), which other processes'"
+          " load does not inflate:")
+    print_cpu_table(rows)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(rows, indent=2))
     same = all(r["ar_identical"] and r["sd_identical"] and r["sd_equals_ar"] for r in rows)
