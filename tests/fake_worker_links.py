@@ -13,6 +13,7 @@ to verify or draft a sequence the worker does not hold is an error.
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -55,7 +56,7 @@ class FakeCluster:
     workers: list[FakeWorkerLink] = field(default_factory=list)
 
 
-class FakeWorkerLink:
+class FakeWorkerLink(ABC):
     """The link and the worker behind it: plans are executed when sent, events delivered on
     the next event-loop turns (a network peer never answers inside `send`)."""
 
@@ -135,8 +136,9 @@ class FakeWorkerLink:
 
     # ----- the worker ---------------------------------------------------------------------
 
+    @abstractmethod
     def execute(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent:
-        raise NotImplementedError
+        """This worker's half of one step plan (FakeVerifier, FakeDraft)."""
 
     def _membership(self, plan: control_pb2.StepPlan) -> None:
         for seq_id in plan.remove:
@@ -158,6 +160,7 @@ class FakeWorkerLink:
             for worker in self.cluster.workers:
                 worker._emit(control_pb2.WorkerEvent(step=-1, setup_done=True, transport="gloo", epoch=setup.epoch))
 
+    @abstractmethod
     def forget_pending(self) -> None:
         """A new data plane starts with nothing in flight."""
 

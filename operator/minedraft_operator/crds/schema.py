@@ -38,6 +38,11 @@ def obj(
     return node
 
 
+def _node(kind: str, description: str, **keywords: Any) -> Schema:
+    """A node of `kind`; keywords left at None are not part of the schema (in the order given)."""
+    return {"type": kind, "description": description, **{k: v for k, v in keywords.items() if v is not None}}
+
+
 def string(
     description: str,
     *,
@@ -47,56 +52,26 @@ def string(
     min_length: int | None = None,
     max_length: int | None = None,
 ) -> Schema:
-    node: Schema = {"type": "string", "description": description}
-    if enum is not None:
-        node["enum"] = list(enum)
-    if default is not None:
-        node["default"] = default
-    if pattern is not None:
-        node["pattern"] = pattern
-    if min_length is not None:
-        node["minLength"] = min_length
-    if max_length is not None:
-        node["maxLength"] = max_length
-    return node
+    return _node("string", description, enum=None if enum is None else list(enum), default=default,
+                 pattern=pattern, minLength=min_length, maxLength=max_length)
 
 
 def integer(description: str, *, minimum: int | None = None, maximum: int | None = None,
             default: int | None = None) -> Schema:
-    node: Schema = {"type": "integer", "description": description}
-    if minimum is not None:
-        node["minimum"] = minimum
-    if maximum is not None:
-        node["maximum"] = maximum
-    if default is not None:
-        node["default"] = default
-    return node
+    return _node("integer", description, minimum=minimum, maximum=maximum, default=default)
 
 
 def number(description: str, *, minimum: float | None = None, maximum: float | None = None,
            default: float | None = None) -> Schema:
-    node: Schema = {"type": "number", "description": description}
-    if minimum is not None:
-        node["minimum"] = minimum
-    if maximum is not None:
-        node["maximum"] = maximum
-    if default is not None:
-        node["default"] = default
-    return node
+    return _node("number", description, minimum=minimum, maximum=maximum, default=default)
 
 
 def boolean(description: str, *, default: bool | None = None) -> Schema:
-    node: Schema = {"type": "boolean", "description": description}
-    if default is not None:
-        node["default"] = default
-    return node
+    return _node("boolean", description, default=default)
 
 
 def array(description: str, items: Schema, *, max_items: int | None = None) -> Schema:
-    node: Schema = {"type": "array", "description": description, "items": items}
-    if max_items is not None:
-        node["maxItems"] = max_items
-    return node
+    return _node("array", description, items=items, maxItems=max_items)
 
 
 def string_map(description: str) -> Schema:

@@ -64,8 +64,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         request_id = request.request_id or f"req-{uuid.uuid4().hex}"
         params = sampling_from_api(request.sampling)
         try:
-            carrier = {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
             prompt_ids = await self._prompt_ids(request)
+
+            def carrier() -> dict[str, str]:
+                return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+
             stream = traced_stream(self.backend.generate(prompt_ids, params, request_id), self.tracer,
                                    "text_completion", carrier, request_id, params)
             async with aclosing(stream):

@@ -171,7 +171,8 @@ class OpenAIServer:
         ids = (await encode_prompt(self.backend.tokenizer, prompt, self.backend.max_context) if isinstance(prompt, str)
                else list(prompt))
         max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-        return await self._serve(request, body, ids, max_tokens, "cmpl", completion_events, completion_body)
+        return await self._serve(request, body, ids, max_tokens, "text_completion", "cmpl", completion_events,
+                                 completion_body)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         self.check_model(body.model)
@@ -180,7 +181,7 @@ class OpenAIServer:
         max_tokens = body.requested_max_tokens
         if max_tokens is None:  # OpenAI: as much as the context allows
             max_tokens = max(1, self.backend.max_context - len(ids))
-        return await self._serve(request, body, ids, max_tokens, "chatcmpl", chat_events, chat_body)
+        return await self._serve(request, body, ids, max_tokens, "chat", "chatcmpl", chat_events, chat_body)
 
     async def _serve(
         self,
@@ -188,6 +189,7 @@ class OpenAIServer:
         body: CompletionRequest | ChatCompletionRequest,
         ids: list[int],
         max_tokens: int,
+        operation: str,  # gen_ai.operation.name
         id_prefix: str,
         events: EventsFn,
         build: BodyFn,
@@ -195,9 +197,8 @@ class OpenAIServer:
         request_id = f"{id_prefix}-{uuid.uuid4().hex}"
         model = self.backend.model_name
         params = body.sampling_params(max_tokens)
-        operation = "chat" if id_prefix == "chatcmpl" else "text_completion"
         stream = traced_stream(self.backend.generate(ids, params, request_id), self.tracer, operation,
-                               dict(request.headers), request_id, params)
+                               lambda: request.headers, request_id, params)
         deadline = None if body.timeout is None else asyncio.get_running_loop().time() + body.timeout
         try:
             async with asyncio.timeout_at(deadline):

@@ -9,7 +9,7 @@ While it runs, log records of this task carry the request id and the trace id.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 
 from opentelemetry import trace
@@ -35,21 +35,25 @@ def bind_request_logs(request_id: str, span: Span | None) -> None:
         current_trace_id.set(format(span.get_span_context().trace_id, "032x"))
 
 
-async def traced_stream(stream: AsyncIterator[GenerationChunk], tracer: RequestTracer | None, operation: str,
-                        carrier: Mapping[str, str], request_id: str, params: SamplingParams
-                        ) -> AsyncIterator[GenerationChunk]:
-    """`stream` unchanged, with the request's span around it (nothing extra when tracing is off)."""
-    span = tracer.start(operation, carrier, request_id, request_attributes(params)) if tracer else None
+def traced_stream(stream: AsyncIterator[GenerationChunk], tracer: RequestTracer | None, operation: str,
+                  carrier: Callable[[], Mapping[str, str]], request_id: str, params: SamplingParams
+                  ) -> AsyncIterator[GenerationChunk]:
+    """`stream` with the request's span around it; with tracing off, `stream` itself (no wrapper,
+    and the carrier, the client's headers or metadata, is never read)."""
+    if tracer is None:
+        bind_request_logs(request_id, None)
+        return stream
+    span = tracer.start(operation, carrier(), request_id, request_attributes(params))
     bind_request_logs(request_id, span)
-    if span is None or tracer is None:
-        async with aclosing(stream):  # closing this wrapper must close (abort) the backend stream too
-            async for chunk in stream:
-                yield chunk
-        return
+    return _spanned(stream, tracer, span)
+
+
+async def _spanned(stream: AsyncIterator[GenerationChunk], tracer: RequestTracer, span: Span
+                   ) -> AsyncIterator[GenerationChunk]:
     last: GenerationChunk | None = None
     error: BaseException | None = None
     try:
-        async with aclosing(stream):
+        async with aclosing(stream):  # closing this wrapper must close (abort) the backend stream too
             async for chunk in stream:
                 last = chunk
                 yield chunk

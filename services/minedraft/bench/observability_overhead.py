@@ -12,28 +12,11 @@ import json
 import statistics
 from pathlib import Path
 
-from minedraft.bench.client import run_workload
+from minedraft.bench.sd_vs_psd import Setup, measure
 from minedraft.bench.workload import code_prompts
-from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
 from minedraft.core.tokenizer import Tokenizer
 
 CONFIGS = {"metrics off": "0", "metrics on": "1"}
-
-
-def measure(args: argparse.Namespace, metrics: str, prompts: list[list[int]]) -> float:
-    """Tokens per second of one fresh stack with MINEDRAFT_METRICS=`metrics` on its batch manager."""
-    cfg = StackConfig(target=args.target, draft=args.draft, grpc_port=free_port(), http_port=free_port(),
-                      mode="psd", k=args.k, threads=1, max_num_seqs=args.concurrency,
-                      target_cpu=args.target_cpu, draft_cpu=args.draft_cpu,
-                      process_env={"batch-manager": {"MINEDRAFT_METRICS": metrics}})
-    stack = LocalStack(cfg)
-    try:
-        stack.start()
-        run_workload(cfg.grpc_port, prompts[:2], 8)  # warm-up
-        tokens, seconds = run_workload(cfg.grpc_port, prompts[: args.concurrency], args.max_tokens)
-    finally:
-        stack.stop()
-    return tokens / seconds
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +24,9 @@ def run(args: argparse.Namespace) -> int:
     raw: dict[str, list[float]] = {name: [] for name in CONFIGS}
     for _ in range(args.rounds):
         for name, value in CONFIGS.items():
-            raw[name].append(measure(args, value, prompts))
+            setup = Setup(name, "psd", args.concurrency)
+            env = {"batch-manager": {"MINEDRAFT_METRICS": value}}
+            raw[name].append(measure(args, setup, prompts, env)["tokens_per_s"])
     off = statistics.median(raw["metrics off"])
     on = statistics.median(raw["metrics on"])
     print(f"PSD m/2+m/2={args.concurrency}, k={args.k}, max_tokens={args.max_tokens}, tracing off; "

@@ -27,10 +27,12 @@ class Setup:
     concurrency: int
 
 
-def measure(args: argparse.Namespace, setup: Setup, prompts: list[list[int]]) -> dict[str, float]:
+def measure(args: argparse.Namespace, setup: Setup, prompts: list[list[int]],
+            process_env: dict[str, dict[str, str]] | None = None) -> dict[str, float]:
+    """One fresh stack, warmed up, then the timed workload; `process_env` adds variables per process."""
     cfg = StackConfig(target=args.target, draft=args.draft, grpc_port=free_port(), http_port=free_port(),
                       mode=setup.mode, k=args.k, threads=1, max_num_seqs=setup.concurrency,
-                      target_cpu=args.target_cpu, draft_cpu=args.draft_cpu)
+                      target_cpu=args.target_cpu, draft_cpu=args.draft_cpu, process_env=process_env or {})
     stack = LocalStack(cfg)
     try:
         stack.start()
