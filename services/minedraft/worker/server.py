@@ -29,6 +29,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from minedraft.observability.worker_telemetry import WorkerTelemetry
 from minedraft.proto import control_pb2, control_pb2_grpc
+from minedraft.worker.torch_profile import StepProfiler
 
 log = logging.getLogger(__name__)
 PROFILE_ENV = "MINEDRAFT_PROFILE_DIR"
@@ -96,6 +97,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
     def _run(self, messages: Iterator[control_pb2.ControlMessage], events: queue.Queue) -> None:
         bind_thread_to_device(self.executor.device)
         profiler = start_host_profile()
+        window = StepProfiler.from_env(self.executor.role, self.executor.device)
         idle_since: float | None = None
         try:
             for msg in messages:
@@ -105,7 +107,11 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
                     if profiler is not None and msg.plan.step == profile_from_step():
                         profiler.enable()
                     started_ns = time.time_ns()
+                    if window is not None:
+                        window.before_step(msg.plan.step)
                     event = self.executor.handle_plan(msg.plan)
+                    if window is not None:
+                        window.after_step()
                     event.timing.plan_wait_ms = waited
                     if self.telemetry is not None:
                         self.telemetry.step(msg.plan, event, started_ns, time.time_ns())

@@ -6,13 +6,27 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
+
 from minedraft.proto import control_pb2
+
+_annotate = False  # a torch.profiler window is open (worker/torch_profile.py): name the phases in it
+
+
+def set_annotations(on: bool) -> None:
+    global _annotate
+    _annotate = on
 
 
 @contextmanager
 def timed(timing: control_pb2.StepTiming, field: str) -> Iterator[None]:
+    scope = torch.profiler.record_function(field) if _annotate else None
+    if scope is not None:
+        scope.__enter__()
     start = time.perf_counter()
     try:
         yield
     finally:
         setattr(timing, field, getattr(timing, field) + (time.perf_counter() - start) * 1000.0)
+        if scope is not None:
+            scope.__exit__(None, None, None)

@@ -1,0 +1,113 @@
+"""`python -m minedraft.bench.gpu.anatomy_probe`: why a verify (or a draft) is slower inside PSD.
+
+Issue 13 item 1. On split stacks (verifier on GPU 0, draft service on GPU 1, NCCL data plane), each
+started with its own environment (a *variant*: `name` or `name:VAR=value,VAR=value`), this times SD
+with the draft on its own GPU and PSD m+m at one (k, m) as the placement sweep does, then opens a
+torch.profiler window of `--steps` steps on both workers for one more run of each and summarises
+the traces (trace_summary.py): the same batch's verify in SD and inside PSD, kernel by kernel.
+The stacks load together and are measured one after the other, so no two compete for a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from minedraft.bench.client import generate_all
+from minedraft.bench.gpu.placements import PairSpecs, measure, split_stack
+from minedraft.bench.gpu.timing import log
+from minedraft.bench.gpu.trace_summary import render, summarize
+from minedraft.bench.peaked_head import agree_for_acceptance
+from minedraft.bench.synthetic_pair import SyntheticSpec
+from minedraft.bench.workload import random_prompts
+from minedraft.cli.local_stack import LocalStack
+from minedraft.worker.torch_profile import DIR_ENV
+
+ROLES = ("verifier", "draft")
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    name, _, assignments = text.partition(":")
+    env = dict(item.split("=", 1) for item in assignments.split(",") if item)
+    return name, env
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m minedraft.bench.gpu.anatomy_probe", description=__doc__)
+    p.add_argument("--out", default="probe_out")
+    p.add_argument("--variant", action="append", default=[], help="name[:VAR=value,...], one split stack each")
+    p.add_argument("--acceptance", type=float, default=0.7)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--m", type=int, default=16)
+    p.add_argument("--steps", type=int, default=30, help="steps in each profiling window")
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--num-blocks", type=int, default=2048)
+    return p
+
+
+def profile_run(stack: LocalStack, folder: Path, label: str, prompts: list[list[int]], args) -> dict[str, dict]:
+    """Ask both workers for a window, run the prompts once more, and summarise what they wrote."""
+    for role in ROLES:
+        (folder / f"{role}.request").write_text(f"{label} {args.steps}")
+    asyncio.run(generate_all(stack.cfg.grpc_port, prompts, args.max_tokens))
+    summaries = {}
+    deadline = time.monotonic() + 120
+    for role in ROLES:
+        trace = folder / f"{role}-{label}.trace.json"
+        while not trace.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1.0)  # the exporter finishes writing
+        if trace.exists():
+            summaries[role] = summarize(trace)
+            log(render(summaries[role]))
+        else:
+            log(f"no trace from {role} for {label}")
+    return summaries
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    agree = agree_for_acceptance(args.acceptance)
+    target, draft = SyntheticSpec("llama3-8b", "target", 0.02, 4, agree).pair()
+    pair = PairSpecs(str(target), str(draft))
+    prompts = random_prompts(2 * args.m, seed=13)
+    stacks: dict[str, tuple[LocalStack, Path]] = {}
+    for text in args.variant or ["base"]:
+        name, env = parse_variant(text)
+        folder = (out / name).resolve()
+        stack = split_stack(pair, args.num_blocks, 2 * args.m)
+        stack.cfg = replace(stack.cfg, extra_env={**stack.cfg.extra_env, **env, DIR_ENV: str(folder)})
+        stacks[name] = (stack, folder)
+    results: dict = {"args": vars(args), "variants": {}}
+    try:
+        for stack, _ in stacks.values():
+            stack.start_verifier()
+            stack.start_draft()
+            stack.start_manager()
+        for stack, _ in stacks.values():
+            stack.wait_ready(600)
+        log("stacks ready")
+        for name, (stack, folder) in stacks.items():
+            found = results["variants"][name] = {}
+            for config, mode, batch in (("SD-2GPU", "sd", prompts[: args.m]), ("PSD m+m", "psd", prompts)):
+                row, _ = measure(stack, mode, args.k, batch, args.max_tokens, args.reps)
+                log(f"{name} {config}: {row['tokens_per_s']:.0f} tok/s, step {row['step_ms']:.2f} ms, draft "
+                    f"{row['draft_ms']:.2f}, verify {row['verify_ms']:.2f}, overlap {row['overlap_efficiency']:.2f}")
+                found[config] = {"row": row, "profile": profile_run(stack, folder, mode, batch, args)}
+                (out / "probe.json").write_text(json.dumps(results, indent=1))
+    finally:
+        for stack, _ in stacks.values():
+            stack.stop(grace=20)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
