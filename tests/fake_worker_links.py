@@ -203,6 +203,7 @@ class FakeVerifier(FakeWorkerLink):
         self.drafts_pending = plan.with_drafts and len(plan.draft_batch) > 0 and self._plane() is not None
         self._membership(plan)
         ids = [s for s in plan.verify_batch if s in self.seqs]
+        event.timing.batch = len(ids)  # as the real verifier reports it
         verdicts: dict[int, list[int]] = {}
         for seq_id in ids:
             proposal = drafts.get(seq_id) if drafts is not None and plan.with_drafts else None
@@ -256,6 +257,7 @@ class FakeDraft(FakeWorkerLink):
         self.verdict_pending = plan.send_verdict and len(plan.verify_batch) > 0
         if plan.with_drafts and len(plan.draft_batch) > 0 and plane is not None:
             drafts = {}
+            event.timing.batch = len(plan.draft_batch)
             for seq_id in plan.draft_batch:
                 if seq_id not in self.seqs:
                     event.error = f"plan asks to draft sequence {seq_id} this worker does not hold"

@@ -113,6 +113,9 @@ def test_sd_drafts_then_verifies_one_batch_and_commits_what_was_accepted(tokeniz
         assert (status["drafted_total"], status["accepted_total"], status["tokens_total"]) == (24, 10, 18)
         assert status["acceptance_rate"] == round(10 / 24, 4) and status["mean_accepted_length"] == 2.25
         assert status["steps_by_kind"] == {"psd": 0, "sd": 8, "ar": 0}
+        # Each side has a batch every other plan: per-batch times divide by these, not by the plans.
+        totals = status["timing_totals"]
+        assert (totals["verify_busy_steps"], totals["draft_busy_steps"]) == (4, 4)
         await stack.coordinator.stop()
 
     drive(scenario)

@@ -67,6 +67,9 @@ class Counters:
         if side == "verify":
             t["steps"] = t.get("steps", 0) + 1
             t["wall_ms"] = t.get("wall_ms", 0.0) + wall_ms
+        # Plans that gave this side a batch: in sequential SD every other plan leaves a side idle, so a
+        # per-plan mean halves its busy time; time per *batch* divides by this count instead.
+        t[f"{side}_busy_steps"] = t.get(f"{side}_busy_steps", 0) + (timing.batch > 0)
         for name in ("compute_ms", "recv_wait_ms", "send_ms", "control_ms", "plan_wait_ms"):
             key = f"{side}_{name}"
             t[key] = t.get(key, 0.0) + getattr(timing, name)
