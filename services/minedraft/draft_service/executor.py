@@ -78,9 +78,11 @@ class DraftExecutor(PlaneOwner):
             if ids and self.plane is not None:
                 with timed(timing, "compute_ms"):
                     proposal = self.worker.propose(ids, plan.k)
-                    wait_for_device(proposal.tokens)
+                # Queued behind the draft's kernels: the send's host work overlaps them.
                 with timed(timing, "send_ms"):
                     self.plane.send_drafts(DraftPayload(plan.step, ids, proposal.tokens, proposal.probs))
+                with timed(timing, "compute_ms"):
+                    wait_for_device(proposal.tokens)
         except DataPlaneError as exc:
             log.warning("verifier lost at step %d: %s", plan.step, exc)
             self._drop_plane()

@@ -17,6 +17,14 @@ class Verifier(SequenceHost):
     """
 
     def verify(self, seq_ids: list[int], proposal: Proposal | None) -> Verdict:
+        verdict = self.judge(seq_ids, proposal)
+        self.commit(seq_ids, verdict)
+        return verdict
+
+    def judge(self, seq_ids: list[int], proposal: Proposal | None) -> Verdict:
+        """Queue the scoring forward and the acceptance rule on the device; no host synchronisation
+        in the steady state, so a caller can hand the verdict on (a data-plane send) while the GPU
+        still runs, then `commit`."""
         states = [self.seqs[s] for s in seq_ids]
         device = self.runner.device
         if proposal is None:
@@ -32,12 +40,20 @@ class Verifier(SequenceHost):
         target_probs = logits if sampling.all_greedy else processed_probs(logits, sampling)
         if draft_probs is not None:
             draft_probs = draft_probs.to(device)
-        verdict = verify_drafts(drafts, draft_probs, target_probs, logits, sampling, positions)
-        for st, row, accepted in zip(states, verdict.tokens.tolist(), verdict.accepted.tolist(), strict=True):
-            st.cached = st.length + accepted
-            st.tokens.extend(row[: accepted + 1])
-            self.runner.truncate(st.seq_id, st.cached)
-        return verdict
+        return verify_drafts(drafts, draft_probs, target_probs, logits, sampling, positions)
+
+    def commit(self, seq_ids: list[int], verdict: Verdict) -> tuple[list[list[int]], list[int]]:
+        """Wait for the verdict, append each row's tokens and drop the KV of rejected drafts.
+        Returns the rows (k+1 wide, -1 padded) and the accepted counts, read back in one copy."""
+        packed = torch.cat((verdict.accepted.unsqueeze(1), verdict.tokens), dim=1).tolist()
+        rows = [p[1:] for p in packed]
+        accepted = [p[0] for p in packed]
+        for seq_id, row, n in zip(seq_ids, rows, accepted, strict=True):
+            st = self.seqs[seq_id]
+            st.cached = st.length + n
+            st.tokens.extend(row[: n + 1])
+            self.runner.truncate(seq_id, st.cached)
+        return rows, accepted
 
     def _score(self, states: list, drafts: torch.Tensor) -> torch.Tensor:
         """Target logits [B, k+1, V] for the last committed token and the k drafts of each row."""

@@ -136,10 +136,14 @@ class VerifierExecutor(PlaneOwner):
             if self.followers is not None:
                 self.followers.send(KIND_PLAN, plan, proposal)
             with timed(timing, "compute_ms"):
-                verdict = self.worker.verify(ids, proposal)
-            counts = verdict.counts.tolist()
-            rows = verdict.tokens.tolist()
-            accepted_list = verdict.accepted.tolist()
+                verdict = self.worker.judge(ids, proposal)
+            # The verdict leaves while the GPU still computes it: the send's host work (frame, NCCL
+            # enqueue) and posting the receive of this plan's drafts overlap the verify instead of
+            # following it, and the draft service gets its verdict as soon as the GPU has it.
+            self._hand_on(plan, VerdictPayload(plan.step, ids, verdict.tokens, verdict.accepted), timing, event)
+            with timed(timing, "compute_ms"):
+                rows, accepted_list = self.worker.commit(ids, verdict)
+            counts = [n + 1 for n in accepted_list]
             event.verdicts.seq_ids.extend(ids)
             event.verdicts.counts.extend(counts)
             event.verdicts.accepted.extend(accepted_list)
@@ -147,19 +151,32 @@ class VerifierExecutor(PlaneOwner):
                 with timed(timing, "control_ms"):
                     self.colocated.commit(ids, rows, accepted_list)
             event.verdicts.tokens.extend(t for row, c in zip(rows, counts, strict=True) for t in row[:c])
-            tokens, accepted = verdict.tokens, verdict.accepted
         else:
             if self.followers is not None:
                 self.followers.send(KIND_PLAN, plan, None)
-            tokens = torch.zeros((0, plan.k + 1), dtype=torch.long)
-            accepted = torch.zeros(0, dtype=torch.long)
+            empty = VerdictPayload(plan.step, ids, torch.zeros((0, plan.k + 1), dtype=torch.long),
+                                   torch.zeros(0, dtype=torch.long))
+            self._hand_on(plan, empty, timing, event)
         if self.colocated is not None and plan.with_drafts and len(plan.draft_batch) > 0:
             with timed(timing, "compute_ms"):
                 self.colocated.draft(plan)
-        if plan.send_verdict and len(plan.verify_batch) > 0 and self.plane is not None:
-            self._send_verdict(VerdictPayload(plan.step, ids, tokens, accepted), timing, event)
         self.last_step = plan.step
         return event
+
+    def _hand_on(self, plan: control_pb2.StepPlan, verdict: VerdictPayload, timing: control_pb2.StepTiming,
+                 event: control_pb2.WorkerEvent) -> None:
+        """Send the verdict (when the plan asks) and post the receive of the drafts this plan's draft
+        batch will produce, which the next plan consumes."""
+        if plan.send_verdict and len(plan.verify_batch) > 0 and self.plane is not None:
+            self._send_verdict(verdict, timing, event)
+        if self.drafts_pending and self.plane is not None:
+            try:
+                self.plane.post_drafts_receive()
+            except DataPlaneError as exc:
+                log.warning("draft service lost at step %d: %s", plan.step, exc)
+                self._drop_plane()
+                event.data_plane_lost = True
+                self.drafts_pending = False
 
     def _send_verdict(
         self, payload: VerdictPayload, timing: control_pb2.StepTiming, event: control_pb2.WorkerEvent

@@ -9,6 +9,7 @@ next send, so neither side blocks on the other's receive.
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,6 +25,7 @@ VERIFIER_RANK = 0
 DRAFT_RANK = 1
 _HEADER = 6  # step, batch, k, has_probs, vocab, body length
 _FRAME = 8192  # int64 slots of a payload's first message (64 KiB): ~900 sequences at k = 6
+MAX_CTAS_ENV = "MINEDRAFT_DATA_PLANE_MAX_CTAS"
 
 
 class DataPlaneError(MinedraftError):
@@ -49,6 +51,19 @@ class VerdictPayload:
     seq_ids: list[int]
     tokens: torch.Tensor  # [B, k+1], -1 padded (received: on the host)
     accepted: torch.Tensor  # [B]
+
+
+def nccl_options(backend: str) -> object | None:
+    """With MINEDRAFT_DATA_PLANE_MAX_CTAS=N, the data plane's NCCL communicators may use at most N
+    thread blocks: a send or receive waiting for its peer then holds N SMs instead of NCCL's default,
+    which the model running beside it on the same GPU gets back."""
+    value = os.environ.get(MAX_CTAS_ENV, "")
+    if backend != "nccl" or not value:
+        return None
+    options = dist.ProcessGroupNCCL.Options()
+    options.config.min_ctas = 1
+    options.config.max_ctas = int(value)
+    return options
 
 
 def host_store(host: str, port: int, timeout_s: float = 30.0) -> dist.TCPStore:
@@ -83,8 +98,10 @@ class DataPlane:
         self.backend = backend
         self._pending: list[dist.Work] = []
         self._keep: list[torch.Tensor] = []
+        self._posted: tuple[torch.Tensor, dist.Work] | None = None  # a draft frame's receive, queued early
         report = nccl_log() if backend == "nccl" else None
         report_start = report.mark() if report is not None else 0
+        options = nccl_options(backend)
         try:
             dist.init_process_group(
                 backend,
@@ -92,10 +109,12 @@ class DataPlane:
                 rank=rank,
                 world_size=2,
                 timeout=timedelta(seconds=timeout_s),
+                pg_options=options,
             )
             # One group per direction: with NCCL each group has its own stream, so a verdict
             # travelling one way never queues behind a draft payload travelling the other.
-            self.groups = {"drafts": dist.new_group([0, 1]), "verdicts": dist.new_group([0, 1])}
+            self.groups = {"drafts": dist.new_group([0, 1], pg_options=options),
+                           "verdicts": dist.new_group([0, 1], pg_options=options)}
             self._connect_channels()
         except Exception as exc:  # the peer never arrived
             raise DataPlaneError(f"data plane epoch {epoch} did not form: {exc}") from exc
@@ -149,9 +168,33 @@ class DataPlane:
         tensors = [frame] + ([body[room:]] if body.numel() > room else []) + (extra or [])
         self._send(tensors, channel)
 
+    def post_drafts_receive(self) -> None:
+        """NCCL: queue the receive of the next draft frame now, behind the work already on the stream
+        (it starts once the verify kernels are done, so it never takes SMs from them, and finds the
+        drafts waiting); `recv_drafts` then only waits for it. Gloo receives on demand (its receive
+        holds a thread, not the GPU)."""
+        if self.backend != "nccl" or self._posted is not None:
+            return
+        frame = torch.empty(_FRAME, dtype=torch.int64, device=self.device)
+        try:
+            self._posted = (frame, dist.irecv(frame, self.peer, group=self.groups["drafts"]))
+        except Exception as exc:
+            raise DataPlaneError(f"receive from peer failed: {exc}") from exc
+
+    def _take_frame(self, channel: str) -> torch.Tensor:
+        if channel != "drafts" or self._posted is None:
+            return self._recv((_FRAME,), torch.int64, channel)
+        frame, work = self._posted
+        self._posted = None
+        try:
+            work.wait()
+        except Exception as exc:
+            raise DataPlaneError(f"receive from peer failed: {exc}") from exc
+        return frame
+
     def _recv_frame(self, channel: str) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """(header, the body on the host, the body on the device): one copy to the host."""
-        frame = self._recv((_FRAME,), torch.int64, channel)
+        frame = self._take_frame(channel)
         host = frame.cpu()
         header = host[:_HEADER].tolist()
         length = header[_HEADER - 1]
@@ -192,6 +235,7 @@ class DataPlane:
                               host[batch : 2 * batch])
 
     def close(self) -> None:
+        self._posted = None  # an unanswered receive dies with the communicator below
         try:
             for work in self._pending:
                 work.wait()
