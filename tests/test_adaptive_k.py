@@ -84,6 +84,33 @@ def test_plan_k_is_the_policy_k_outside_auto_and_bounded_inside() -> None:
         AdaptiveK(k_max=3, k_min=4)
 
 
+def test_steps_that_compute_a_prompt_teach_acceptance_but_not_costs() -> None:
+    """The first verify (draft) of a sequence also computes its prompt: a prefill-sized time must not enter
+    the per-k cost of the k in use, or auto leaves the best k after every burst of new requests."""
+    plan = PlanK()
+    plan.for_plan(0, "auto", 4, True, draft_batch=[1, 2], verify_batch=[], added=[1, 2, 3, 4])
+    plan.for_plan(1, "auto", 4, True, draft_batch=[3, 4], verify_batch=[1, 2])
+    plan.for_plan(2, "auto", 4, True, draft_batch=[1, 2], verify_batch=[3, 4])
+    plan.for_plan(3, "auto", 4, True, draft_batch=[3, 4], verify_batch=[1, 2])
+    assert plan.adaptive is not None
+    plan.on_draft(0, 50.0)  # drafts 1 and 2 for the first time: prompt included
+    plan.on_draft(1, 40.0)  # 3 and 4 likewise
+    plan.on_verify(1, 4, [2, 2], 90.0)  # 1 and 2's first verify
+    plan.on_verify(2, 4, [3, 1], 80.0)  # 3 and 4's
+    assert plan.adaptive.draft.by_k == {} and plan.adaptive.verify.by_k == {}
+    assert sum(plan.adaptive.tried) > 0  # their verdicts still count
+    plan.on_draft(2, 4.0)
+    plan.on_verify(3, 4, [4, 0], 6.0)  # steady state: measured
+    assert plan.adaptive.draft.by_k == {4: 4.0} and plan.adaptive.verify.by_k == {4: 6.0}
+    plan.for_plan(4, "auto", 4, True, draft_batch=[1, 2, 5], verify_batch=[3, 4], added=[5], removed=[])
+    plan.on_draft(4, 30.0)  # 5's prompt rides along in the draft batch
+    assert plan.adaptive.draft.by_k == {4: 4.0}
+    # A recovered draft service recomputes every prompt it is sent again.
+    plan.for_plan(5, "auto", 4, True, draft_batch=[3, 4], verify_batch=[1, 2, 5], redrafted=[3, 4])
+    plan.on_draft(5, 30.0)
+    assert plan.adaptive.draft.by_k == {4: 4.0}
+
+
 class TimedVerifier(FakeVerifier):
     """Reports a verify cost flat in k, as a memory-bound verify of a small batch is."""
 

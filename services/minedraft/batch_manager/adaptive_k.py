@@ -14,6 +14,7 @@ draft ~ k and verify flat. Pure bookkeeping: no I/O, no clock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 DECAY = 0.995  # per verified sequence: evidence ~200 sequences old counts e^-1 as much
@@ -119,13 +120,36 @@ class AdaptiveK:
 
 class PlanK:
     """The step loop's hook: the k each plan drafts (the policy's k; in auto, the adaptive choice in
-    1..k) and, from the workers' events, what the adaptive estimate learns."""
+    1..k) and, from the workers' events, what the adaptive estimate learns.
+
+    A step whose verify (or draft) batch holds a sequence on its first verify (draft) also computes
+    that sequence's prompt: its time says nothing about k, so it teaches acceptance but not costs.
+    Without this, the prefill at the start of every burst of requests inflates the EMA of the k in
+    use and auto wanders off the best k for the next ten or so steps."""
 
     def __init__(self) -> None:
         self.adaptive: AdaptiveK | None = None
         self.by_step: dict[int, int] = {}  # k drafted at each recent step (0: no drafts)
+        self.unverified: set[int] = set()  # sequences whose prompt the verifier has not computed yet
+        self.undrafted: set[int] = set()  # ... the draft service has not
+        self.cold: dict[int, tuple[bool, bool]] = {}  # step -> (its verify, its draft) included a prompt
 
-    def for_plan(self, step: int, mode: str, k: int, with_drafts: bool) -> int:
+    def for_plan(self, step: int, mode: str, k: int, with_drafts: bool, draft_batch: Sequence[int] = (),
+                 verify_batch: Sequence[int] = (), added: Sequence[int] = (), redrafted: Sequence[int] = (),
+                 removed: Sequence[int] = ()) -> int:
+        """`added`: new sequences (both workers); `redrafted`: re-sent to a recovered draft service."""
+        self.unverified.update(added)
+        self.undrafted.update(added)
+        self.undrafted.update(redrafted)
+        self.unverified.difference_update(removed)
+        self.undrafted.difference_update(removed)
+        cold_verify = not self.unverified.isdisjoint(verify_batch)
+        cold_draft = with_drafts and not self.undrafted.isdisjoint(draft_batch)
+        self.unverified.difference_update(verify_batch)
+        if with_drafts:
+            self.undrafted.difference_update(draft_batch)
+        self.cold[step] = (cold_verify, cold_draft)
+        self.cold.pop(step - 16, None)
         chosen = k
         if mode == "auto":
             if self.adaptive is None:
@@ -144,9 +168,10 @@ class PlanK:
     def on_verify(self, step: int, drafted: int, accepted: list[int], compute_ms: float) -> None:
         if self.adaptive is not None and drafted > 0 and accepted:
             self.adaptive.observe_verdicts(drafted, accepted)
-            self.adaptive.verify.add(drafted, compute_ms)
+            if not self.cold.get(step, (False, False))[0]:
+                self.adaptive.verify.add(drafted, compute_ms)
 
     def on_draft(self, step: int, compute_ms: float) -> None:
         k = self.by_step.get(step, 0)
-        if self.adaptive is not None and k > 0 and compute_ms > 0:
+        if self.adaptive is not None and k > 0 and compute_ms > 0 and not self.cold.get(step, (False, False))[1]:
             self.adaptive.draft.add(k, compute_ms)

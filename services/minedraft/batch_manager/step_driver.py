@@ -1,16 +1,15 @@
 """The step loop: step plans out to both workers, the verifier's verdicts back to the requests.
 
-Plans run `pipeline_depth` steps ahead of the verifier so neither worker waits for a gRPC
-round trip; token payloads never pass through here except the verified tokens streamed
-back to the clients. Every plan goes to the verifier, and to the draft service whenever
-it is in the loop. What a step does depends on the mode and the draft service's state:
+Plans run `pipeline_depth` steps ahead of the verifier so neither worker waits for a gRPC round trip; token
+payloads never pass through here except the verified tokens streamed back to the clients. Every plan goes to the
+verifier, and to the draft service whenever it is in the loop. A step depends on the mode and the draft's state:
 - psd: two batches balanced by load; batch A drafts while batch B is verified, then they
   swap (one batch empty degenerates to standard SD);
 - sd: one batch, a draft step then a verify step;
 - ar (or the draft service lost or paused by auto): every sequence verified every step,
   without drafts;
-- auto: psd, pausing drafting while the recent mean accepted length is under
-  `auto_min_tokens_per_step`, probing again after `auto_probe_steps` steps.
+- auto: psd drafting the k in 1..k that `adaptive_k` expects to pay best, pausing drafting while the recent
+  mean accepted length is under `auto_min_tokens_per_step`, probing again after `auto_probe_steps` steps.
 No token is decided here: the verifier's committed tokens are the truth, mirrored in step
 order. Policy changes and draft recovery first drain the loop (no plan in flight). Before
 each plan `admission` picks who starts and who is preempted (to come back under a new
@@ -106,9 +105,10 @@ class StepDriver:
             self.observer.moved(len(self.sched.rebalance()))
         batches = self.sched.plan(self.step, with_drafts)
         to_draft = self.draft.sends_plans  # it gets every plan and verdict, drafting or not
+        k = self.k_plan.for_plan(self.step, cfg.mode, cfg.k, with_drafts, batches.draft, batches.verify,
+                                 [a.seq_id for a in adds], [a.seq_id for a in self.draft_adds], self.pending_remove)
         fields = {"step": self.step, "remove": self.pending_remove, "draft_batch": batches.draft,
-                  "verify_batch": batches.verify, "k": self.k_plan.for_plan(self.step, cfg.mode, cfg.k, with_drafts),
-                  "with_drafts": with_drafts, "send_verdict": to_draft}
+                  "verify_batch": batches.verify, "k": k, "with_drafts": with_drafts, "send_verdict": to_draft}
         self.verifier.send(control_pb2.ControlMessage(plan=control_pb2.StepPlan(add=adds, **fields)))
         if to_draft:
             assert self.draft.link is not None
