@@ -12,6 +12,7 @@ import pytest
 from minedraft.batch_manager.adaptive_k import AdaptiveK, PlanK, StepCosts
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.coordinator import Coordinator
+from minedraft.core.errors import InvalidRequestError
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.proto import control_pb2
 from tests.fake_worker_links import FakeCluster, FakeDraft, FakeVerifier, greedy
@@ -84,11 +85,29 @@ def test_plan_k_is_the_policy_k_outside_auto_and_bounded_inside() -> None:
         AdaptiveK(k_max=3, k_min=4)
 
 
+def specs(*seq_ids: int) -> list[control_pb2.SeqSpec]:
+    return [control_pb2.SeqSpec(seq_id=s) for s in seq_ids]
+
+
+def test_auto_chooses_within_k_min_and_k() -> None:
+    """Costs that favour k = 1 (draft 4 ms per token, verify flat 6 ms, acceptance 0.5): auto stays at k_min."""
+    plan = PlanK()
+    for step in range(40):
+        chosen = plan.for_plan(step, "auto", 6, True, k_min=3)
+        assert 3 <= chosen <= 6
+        plan.on_draft(step, 4.0 * chosen)
+        plan.on_verify(step, chosen, [1, 0, 2, 1], 6.0)
+    assert plan.for_plan(40, "auto", 6, True, k_min=3) == 3
+    assert plan.for_plan(41, "auto", 6, True, k_min=1) == 1  # a policy change widens the range at once
+    with pytest.raises(InvalidRequestError, match="k_min"):
+        ManagerConfig(mode="auto", k=2, k_min=3).validate()
+
+
 def test_steps_that_compute_a_prompt_teach_acceptance_but_not_costs() -> None:
     """The first verify (draft) of a sequence also computes its prompt: a prefill-sized time must not enter
     the per-k cost of the k in use, or auto leaves the best k after every burst of new requests."""
     plan = PlanK()
-    plan.for_plan(0, "auto", 4, True, draft_batch=[1, 2], verify_batch=[], added=[1, 2, 3, 4])
+    plan.for_plan(0, "auto", 4, True, draft_batch=[1, 2], verify_batch=[], added=specs(1, 2, 3, 4))
     plan.for_plan(1, "auto", 4, True, draft_batch=[3, 4], verify_batch=[1, 2])
     plan.for_plan(2, "auto", 4, True, draft_batch=[1, 2], verify_batch=[3, 4])
     plan.for_plan(3, "auto", 4, True, draft_batch=[3, 4], verify_batch=[1, 2])
@@ -102,11 +121,11 @@ def test_steps_that_compute_a_prompt_teach_acceptance_but_not_costs() -> None:
     plan.on_draft(2, 4.0)
     plan.on_verify(3, 4, [4, 0], 6.0)  # steady state: measured
     assert plan.adaptive.draft.by_k == {4: 4.0} and plan.adaptive.verify.by_k == {4: 6.0}
-    plan.for_plan(4, "auto", 4, True, draft_batch=[1, 2, 5], verify_batch=[3, 4], added=[5], removed=[])
+    plan.for_plan(4, "auto", 4, True, draft_batch=[1, 2, 5], verify_batch=[3, 4], added=specs(5), removed=[])
     plan.on_draft(4, 30.0)  # 5's prompt rides along in the draft batch
     assert plan.adaptive.draft.by_k == {4: 4.0}
     # A recovered draft service recomputes every prompt it is sent again.
-    plan.for_plan(5, "auto", 4, True, draft_batch=[3, 4], verify_batch=[1, 2, 5], redrafted=[3, 4])
+    plan.for_plan(5, "auto", 4, True, draft_batch=[3, 4], verify_batch=[1, 2, 5], redrafted=specs(3, 4))
     plan.on_draft(5, 30.0)
     assert plan.adaptive.draft.by_k == {4: 4.0}
 

@@ -16,8 +16,8 @@ from minedraft.batch_manager.policy import POLICY_FIELDS, POLICY_NAMES
 from minedraft.core.tokenizer import Tokenizer
 from tests.step_driver_support import Stack, drive, word_tokenizer
 
-DEFAULT_POLICY = {"mode": "psd", "k": 4, "max_num_seqs": 64, "pipeline_depth": 2, "rebalance_threshold": 0.0,
-                  "auto_min_tokens_per_step": 1.3, "auto_probe_steps": 200}
+DEFAULT_POLICY = {"mode": "psd", "k": 4, "k_min": 1, "max_num_seqs": 64, "pipeline_depth": 2,
+                  "rebalance_threshold": 0.0, "auto_min_tokens_per_step": 1.3, "auto_probe_steps": 200}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,8 @@ def test_put_changes_what_it_names_returns_the_whole_policy_and_reaches_the_loop
 
 def out_of_bounds() -> list[tuple[str, object]]:
     """Each bounded field just outside its bounds, and a value of the wrong type."""
-    cases: list[tuple[str, object]] = [("mode", "turbo"), ("k", "3"), ("k", True), ("k", 2.5)]
+    cases: list[tuple[str, object]] = [("mode", "turbo"), ("k", "3"), ("k", True), ("k", 2.5),
+                                       ("k_min", 6)]  # in bounds, but above the k (5) it comes with
     for f in POLICY_FIELDS:
         step = 1 if f.type is int else 0.5
         if f.minimum is not None:

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minedraft.proto.control_pb2 import SeqSpec
 
 DECAY = 0.995  # per verified sequence: evidence ~200 sequences old counts e^-1 as much
 PRIOR_TRIES = 8.0  # pseudo-counts pulling a sparsely seen position towards the pooled acceptance
@@ -64,10 +68,10 @@ class AdaptiveK:
             raise ValueError(f"need 1 <= k_min <= k_max, got {self.k_min}..{self.k_max}")
         self.resize(self.k_max)
 
-    def resize(self, k_max: int) -> None:
+    def resize(self, k_max: int, k_min: int = 1) -> None:
         """New bounds (a policy change); what was learnt about positions that remain is kept."""
         self.k_max = k_max
-        self.k_min = min(self.k_min, k_max)
+        self.k_min = min(k_min, k_max)
         grow = k_max - len(self.passed)
         if grow > 0:
             self.passed += [0.0] * grow
@@ -135,12 +139,12 @@ class PlanK:
         self.cold: dict[int, tuple[bool, bool]] = {}  # step -> (its verify, its draft) included a prompt
 
     def for_plan(self, step: int, mode: str, k: int, with_drafts: bool, draft_batch: Sequence[int] = (),
-                 verify_batch: Sequence[int] = (), added: Sequence[int] = (), redrafted: Sequence[int] = (),
-                 removed: Sequence[int] = ()) -> int:
-        """`added`: new sequences (both workers); `redrafted`: re-sent to a recovered draft service."""
-        self.unverified.update(added)
-        self.undrafted.update(added)
-        self.undrafted.update(redrafted)
+                 verify_batch: Sequence[int] = (), added: Sequence[SeqSpec] = (),
+                 redrafted: Sequence[SeqSpec] = (), removed: Sequence[int] = (), k_min: int = 1) -> int:
+        """`added`: new sequences (both workers); `redrafted`: re-sent to a recovered draft service;
+        auto chooses within k_min..k."""
+        self.unverified.update(spec.seq_id for spec in added)
+        self.undrafted.update(spec.seq_id for spec in (*added, *redrafted))
         self.unverified.difference_update(removed)
         self.undrafted.difference_update(removed)
         cold_verify = not self.unverified.isdisjoint(verify_batch)
@@ -153,9 +157,9 @@ class PlanK:
         chosen = k
         if mode == "auto":
             if self.adaptive is None:
-                self.adaptive = AdaptiveK(k_max=k)
-            elif self.adaptive.k_max != k:
-                self.adaptive.resize(k)
+                self.adaptive = AdaptiveK(k_max=k, k_min=min(k_min, k))
+            elif (self.adaptive.k_max, self.adaptive.k_min) != (k, min(k_min, k)):
+                self.adaptive.resize(k, k_min)
             chosen = self.adaptive.choose(overlapped=True)
         self.by_step[step] = chosen if with_drafts else 0
         self.by_step.pop(step - 16, None)

@@ -20,6 +20,7 @@ class ManagerConfig:
 
     mode: str = "psd"
     k: int = 4
+    k_min: int = 1
     max_num_seqs: int = 64
     pipeline_depth: int = 2
     rebalance_threshold: float = 0.0
@@ -36,6 +37,8 @@ class ManagerConfig:
 
     def validate(self) -> None:
         check_policy(self.policy())
+        if self.k_min > self.k:
+            raise InvalidRequestError(f"k_min ({self.k_min}) must be <= k ({self.k})", param="k_min")
         if self.max_queue < 0:
             raise InvalidRequestError(f"max_queue must be >= 0, got {self.max_queue}")
         if self.data_plane_backend not in DATA_PLANE_BACKENDS:

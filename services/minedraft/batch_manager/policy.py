@@ -50,7 +50,8 @@ POLICY_FIELDS: tuple[PolicyField, ...] = (
     PolicyField("mode", str, "psd: two batches drafting and verifying in parallel; sd: one batch, draft then "
                 "verify; ar: the verifier alone; auto: psd, falling back to ar while drafting does not pay",
                 choices=MODES),
-    PolicyField("k", int, "draft tokens per sequence per step", 1, 16),
+    PolicyField("k", int, "draft tokens per sequence per step (auto: the most it may choose)", 1, 16),
+    PolicyField("k_min", int, "auto: the fewest draft tokens adaptive k may choose (it picks within k_min..k)", 1, 16),
     PolicyField("max_num_seqs", int, "running sequences, both batches together", 1),
     PolicyField("pipeline_depth", int, "step plans issued ahead of the verifier's verdicts", 1, 4),
     PolicyField("rebalance_threshold", float, "psd: move a sequence to the lighter batch only while the two "

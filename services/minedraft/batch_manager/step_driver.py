@@ -105,8 +105,8 @@ class StepDriver:
             self.observer.moved(len(self.sched.rebalance()))
         batches = self.sched.plan(self.step, with_drafts)
         to_draft = self.draft.sends_plans  # it gets every plan and verdict, drafting or not
-        k = self.k_plan.for_plan(self.step, cfg.mode, cfg.k, with_drafts, batches.draft, batches.verify,
-                                 [a.seq_id for a in adds], [a.seq_id for a in self.draft_adds], self.pending_remove)
+        k = self.k_plan.for_plan(self.step, cfg.mode, cfg.k, with_drafts, batches.draft, batches.verify, adds,
+                                 self.draft_adds, self.pending_remove, cfg.k_min)
         fields = {"step": self.step, "remove": self.pending_remove, "draft_batch": batches.draft,
                   "verify_batch": batches.verify, "k": k, "with_drafts": with_drafts, "send_verdict": to_draft}
         self.verifier.send(control_pb2.ControlMessage(plan=control_pb2.StepPlan(add=adds, **fields)))
