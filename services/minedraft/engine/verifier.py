@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from minedraft.engine.drafter import Proposal
+from minedraft.engine.readback import Readback
 from minedraft.engine.rejection import Verdict, verify_drafts
 from minedraft.engine.sampling import processed_probs
 from minedraft.engine.sequence_host import SequenceHost
@@ -18,7 +19,7 @@ class Verifier(SequenceHost):
 
     def verify(self, seq_ids: list[int], proposal: Proposal | None) -> Verdict:
         verdict = self.judge(seq_ids, proposal)
-        self.commit(seq_ids, verdict)
+        self.commit(seq_ids, self.read_back(verdict))
         return verdict
 
     def judge(self, seq_ids: list[int], proposal: Proposal | None) -> Verdict:
@@ -42,10 +43,15 @@ class Verifier(SequenceHost):
             draft_probs = draft_probs.to(device)
         return verify_drafts(drafts, draft_probs, target_probs, logits, sampling, positions)
 
-    def commit(self, seq_ids: list[int], verdict: Verdict) -> tuple[list[list[int]], list[int]]:
+    @staticmethod
+    def read_back(verdict: Verdict) -> Readback:
+        """Queue the verdict's copy to the host (accepted counts and rows in one tensor) right behind it."""
+        return Readback(torch.cat((verdict.accepted.unsqueeze(1), verdict.tokens), dim=1))
+
+    def commit(self, seq_ids: list[int], readback: Readback) -> tuple[list[list[int]], list[int]]:
         """Wait for the verdict, append each row's tokens and drop the KV of rejected drafts.
-        Returns the rows (k+1 wide, -1 padded) and the accepted counts, read back in one copy."""
-        packed = torch.cat((verdict.accepted.unsqueeze(1), verdict.tokens), dim=1).tolist()
+        Returns the rows (k+1 wide, -1 padded) and the accepted counts."""
+        packed = readback.tolist()
         rows = [p[1:] for p in packed]
         accepted = [p[0] for p in packed]
         for seq_id, row, n in zip(seq_ids, rows, accepted, strict=True):

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 from minedraft.engine.drafter import Proposal
+from minedraft.engine.readback import Readback
 from minedraft.engine.transfer import to_device
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
 from minedraft.verifier.colocated import ColocatedDrafter
+from minedraft.verifier.launch_ahead import LaunchedStep, launchable_ids
 from minedraft.worker.data_plane import (
     VERIFIER_RANK,
     DataPlane,
@@ -19,6 +23,7 @@ from minedraft.worker.data_plane import (
     DraftPayload,
     PlaneOwner,
     VerdictPayload,
+    expected_header,
     setup_timeout_s,
 )
 from minedraft.worker.info import worker_info
@@ -28,6 +33,7 @@ from minedraft.worker.step_timing import timed
 from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, KIND_STOP, StepBroadcast
 
 log = logging.getLogger(__name__)
+NEXT_PLAN_POLL_S = 0.00005
 
 
 def align_drafts(payload: DraftPayload, seq_ids: list[int]) -> Proposal:
@@ -74,7 +80,9 @@ class VerifierExecutor(PlaneOwner):
         store_port: int,
         followers: StepBroadcast | None = None,
         colocated: ColocatedDrafter | None = None,
+        launch_ahead: bool = False,
     ) -> None:
+        self.launch_ahead = launch_ahead  # queue the next PSD verify before reading this one back
         self.worker = worker
         self.colocated = colocated  # the draft model on this GPU (--colocated-draft): SD without a draft service
         self.followers = followers  # tensor-parallel ranks 1..N-1, driven step by step
@@ -85,8 +93,15 @@ class VerifierExecutor(PlaneOwner):
         self.plane: DataPlane | None = None
         self.drafts_pending = False
         self.last_step = -1
+        self.upcoming: Callable[[], control_pb2.StepPlan | None] = lambda: None  # set by the control loop
+        self.launched: LaunchedStep | None = None  # the next plan, when its verify is already queued
+        self.launched_count = 0  # verifies launched ahead since the batch manager connected
+        self.verified_count = 0  # ... of so many verify steps
 
     def reset(self) -> None:
+        if self.launched_count:
+            log.info("%d of %d verify steps were launched ahead", self.launched_count, self.verified_count)
+        self.launched, self.launched_count, self.verified_count = None, 0, 0
         if self.followers is not None:
             self.followers.send(KIND_RESET)
         forget_all(self.worker)
@@ -114,6 +129,13 @@ class VerifierExecutor(PlaneOwner):
             return self.plane.recv_drafts()
 
     def handle_plan(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent:
+        launched, self.launched = self.launched, None
+        if launched is not None:
+            if launched.plan.step == plan.step:
+                return self._finish_launched(launched)
+            log.error("plan %d arrived where %d was launched ahead; re-syncing the draft service", plan.step,
+                      launched.plan.step)
+            self._drop_plane()  # the draft service already has a verdict this worker never committed
         event = control_pb2.WorkerEvent(step=plan.step)
         timing = event.timing
         payload = None
@@ -141,16 +163,9 @@ class VerifierExecutor(PlaneOwner):
             # enqueue) and posting the receive of this plan's drafts overlap the verify instead of
             # following it, and the draft service gets its verdict as soon as the GPU has it.
             self._hand_on(plan, VerdictPayload(plan.step, ids, verdict.tokens, verdict.accepted), timing, event)
-            with timed(timing, "compute_ms"):
-                rows, accepted_list = self.worker.commit(ids, verdict)
-            counts = [n + 1 for n in accepted_list]
-            event.verdicts.seq_ids.extend(ids)
-            event.verdicts.counts.extend(counts)
-            event.verdicts.accepted.extend(accepted_list)
-            if self.colocated is not None:
-                with timed(timing, "control_ms"):
-                    self.colocated.commit(ids, rows, accepted_list)
-            event.verdicts.tokens.extend(t for row, c in zip(rows, counts, strict=True) for t in row[:c])
+            readback = self.worker.read_back(verdict)
+            self._launch_next(plan, ids, event, readback)
+            self._commit(ids, readback, event)
         else:
             if self.followers is not None:
                 self.followers.send(KIND_PLAN, plan, None)
@@ -163,13 +178,86 @@ class VerifierExecutor(PlaneOwner):
         self.last_step = plan.step
         return event
 
+    def _commit(self, ids: list[int], readback: Readback, event: control_pb2.WorkerEvent) -> None:
+        """Read the verdict back, commit it, and put it in the event."""
+        self.verified_count += 1
+        timing = event.timing
+        with timed(timing, "compute_ms"):
+            rows, accepted_list = self.worker.commit(ids, readback)
+        counts = [n + 1 for n in accepted_list]
+        event.verdicts.seq_ids.extend(ids)
+        event.verdicts.counts.extend(counts)
+        event.verdicts.accepted.extend(accepted_list)
+        if self.colocated is not None:
+            with timed(timing, "control_ms"):
+                self.colocated.commit(ids, rows, accepted_list)
+        event.verdicts.tokens.extend(t for row, c in zip(rows, counts, strict=True) for t in row[:c])
+
+    def _await_next(self, readback: Readback) -> control_pb2.StepPlan | None:
+        """The next plan; while this step's verdict is still on the device (the GPU is busy anyway) it
+        is worth waiting for, since the manager sends it once it has the previous step's verdict."""
+        while (nxt := self.upcoming()) is None and not readback.ready():
+            time.sleep(NEXT_PLAN_POLL_S)
+        return nxt
+
+    def _launch_next(self, plan: control_pb2.StepPlan, ids: list[int], event: control_pb2.WorkerEvent,
+                     readback: Readback) -> None:
+        """Queue the next plan's verify now when launch_ahead.py's conditions hold (one rank, no colocated
+        draft)."""
+        if not self.launch_ahead or self.plane is None or self.followers is not None or self.colocated is not None:
+            return
+        nxt = self._await_next(readback)
+        if nxt is None:
+            return
+        next_ids = launchable_ids(self.worker, plan, ids, nxt) if self.drafts_pending else None
+        if next_ids is None:
+            return
+        next_event = control_pb2.WorkerEvent(step=nxt.step)
+        timing = next_event.timing
+        try:
+            with timed(timing, "compute_ms"):
+                posted = self.plane.take_posted_drafts(len(next_ids), plan.k)
+                if posted is None:
+                    return
+                header = Readback(posted.header)  # ready when the drafts are, before the verify runs
+                apply_membership(self.worker, nxt)
+                verdict = self.worker.judge(next_ids, Proposal(posted.tokens, None))
+        except DataPlaneError as exc:
+            log.warning("draft service lost at step %d: %s", plan.step, exc)
+            self._drop_plane()
+            event.data_plane_lost = True
+            return
+        timing.batch = len(next_ids)
+        self.drafts_pending = nxt.with_drafts and len(nxt.draft_batch) > 0 and self.plane is not None
+        payload = VerdictPayload(nxt.step, next_ids, verdict.tokens, verdict.accepted)
+        self._hand_on(nxt, payload, timing, next_event)
+        self.launched = LaunchedStep(nxt, next_ids, next_event, self.worker.read_back(verdict), header,
+                                     expected_header(plan.step, next_ids, plan.k))
+        if not self.launched_count:
+            log.info("verifies are launched ahead (first: step %d, queued during step %d)", nxt.step, plan.step)
+        self.launched_count += 1
+
+    def _finish_launched(self, launched: LaunchedStep) -> control_pb2.WorkerEvent:
+        """The plan launched ahead arrives: check the drafts it used, launch the one after it, commit it."""
+        plan, event = launched.plan, launched.event
+        header = launched.header.tolist()
+        if header != launched.expected_header:
+            log.error("step %d verified drafts whose header %s is not the expected %s; re-syncing the draft "
+                      "service", plan.step, header[:8], launched.expected_header[:8])
+            self._drop_plane()
+            event.data_plane_lost = True
+        self._launch_next(plan, launched.ids, event, launched.readback)
+        self._commit(launched.ids, launched.readback, event)
+        self.last_step = plan.step
+        return event
+
     def _hand_on(self, plan: control_pb2.StepPlan, verdict: VerdictPayload, timing: control_pb2.StepTiming,
                  event: control_pb2.WorkerEvent) -> None:
         """Send the verdict (when the plan asks) and post the receive of the drafts this plan's draft
         batch will produce, which the next plan consumes."""
         if plan.send_verdict and len(plan.verify_batch) > 0 and self.plane is not None:
             self._send_verdict(verdict, timing, event)
-        if self.drafts_pending and self.plane is not None:
+        if self.drafts_pending and self.plane is not None and (self.plane.backend == "nccl" or self.launch_ahead):
             try:
                 self.plane.post_drafts_receive()
             except DataPlaneError as exc:

@@ -81,8 +81,9 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     def make_executor(runner: ModelRunner) -> VerifierExecutor:
         store = host_store(args.host, args.data_port)
         logging.info("data plane rendezvous store listening on %s:%d only", args.host, store.port)
+        launch_ahead = args.launch_ahead == "on" or (args.launch_ahead == "auto" and runner.device.type == "cuda")
         return VerifierExecutor(Verifier(runner), store, args.host, store.port, channel,
-                                colocated_drafter(args, load))
+                                colocated_drafter(args, load), launch_ahead)
 
     try:
         return run_worker(args, "verifier", make_executor, tp, load)

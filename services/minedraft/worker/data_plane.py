@@ -46,6 +46,17 @@ class DraftPayload:
 
 
 @dataclass(slots=True)
+class PostedDrafts:
+    tokens: torch.Tensor  # [B, k] on the device, valid once the stream reaches them
+    header: torch.Tensor  # step, batch, k, has_probs, vocab, body length, then the B sequence ids
+
+
+def expected_header(step: int, seq_ids: list[int], k: int) -> list[int]:
+    """What a posted frame's header must hold for an all-greedy payload of these sequences."""
+    return [step, len(seq_ids), k, 0, 0, len(seq_ids) * (k + 1), *seq_ids]
+
+
+@dataclass(slots=True)
 class VerdictPayload:
     step: int
     seq_ids: list[int]
@@ -169,17 +180,33 @@ class DataPlane:
         self._send(tensors, channel)
 
     def post_drafts_receive(self) -> None:
-        """NCCL: queue the receive of the next draft frame now, behind the work already on the stream
-        (it starts once the verify kernels are done, so it never takes SMs from them, and finds the
-        drafts waiting); `recv_drafts` then only waits for it. Gloo receives on demand (its receive
-        holds a thread, not the GPU)."""
-        if self.backend != "nccl" or self._posted is not None:
+        """Queue the receive of the next draft frame now. With NCCL it waits behind the work already on
+        the stream (it starts once the verify kernels are done, so it takes no SMs from them, and finds
+        the drafts waiting); `recv_drafts` or `take_posted_drafts` then only wait for it. An unanswered
+        one dies with the process group (`close`)."""
+        if self._posted is not None:
             return
         frame = torch.empty(_FRAME, dtype=torch.int64, device=self.device)
         try:
             self._posted = (frame, dist.irecv(frame, self.peer, group=self.groups["drafts"]))
         except Exception as exc:
             raise DataPlaneError(f"receive from peer failed: {exc}") from exc
+
+    def take_posted_drafts(self, batch: int, k: int) -> PostedDrafts | None:
+        """The posted draft frame as device views, for a verify queued before the frame is read on the
+        host (launch-ahead): its tokens [batch, k] (the stream waits for the receive, the host does
+        not) and its header + sequence ids, which the caller checks once it reads them back. None when
+        no receive is posted or the payload would not fit one frame."""
+        if self._posted is None or batch + batch * k > _FRAME - _HEADER:
+            return None
+        frame, work = self._posted
+        self._posted = None
+        try:
+            work.wait()
+        except Exception as exc:
+            raise DataPlaneError(f"receive from peer failed: {exc}") from exc
+        tokens = frame[_HEADER + batch : _HEADER + batch + batch * k].view(batch, k)
+        return PostedDrafts(tokens, frame[: _HEADER + batch])
 
     def _take_frame(self, channel: str) -> torch.Tensor:
         if channel != "drafts" or self._posted is None:

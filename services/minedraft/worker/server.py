@@ -99,8 +99,11 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
         profiler = start_host_profile()
         window = StepProfiler.from_env(self.executor.role, self.executor.device)
         idle_since: float | None = None
+        inbox = Inbox(messages)
+        if hasattr(self.executor, "upcoming"):
+            self.executor.upcoming = inbox.next_plan  # the verifier may launch the next plan ahead
         try:
-            for msg in messages:
+            while (msg := inbox.get()) is not None:
                 kind = msg.WhichOneof("body")
                 if kind == "plan":
                     waited = (time.perf_counter() - idle_since) * 1000.0 if idle_since is not None else 0.0
@@ -119,8 +122,8 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
                     idle_since = time.perf_counter()
                 elif kind == "setup":
                     events.put(self.executor.handle_setup(msg.setup))
-        except grpc.RpcError:
-            log.info("batch manager stream closed")
+            if inbox.closed_by_peer:
+                log.info("batch manager stream closed")
         except Exception as exc:
             log.exception("worker loop failed")
             events.put(control_pb2.WorkerEvent(error=f"{type(exc).__name__}: {exc}"))
@@ -128,6 +131,37 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
             if profiler is not None:
                 dump_host_profile(profiler, self.executor.role)
             events.put(None)
+
+
+class Inbox:
+    """The batch manager's messages, read by a thread of their own so the loop can see the next plan
+    (`next_plan`) while it still works on the current one."""
+
+    def __init__(self, messages: Iterator[control_pb2.ControlMessage]) -> None:
+        self.queue: queue.Queue[control_pb2.ControlMessage | None] = queue.Queue()
+        self.closed_by_peer = False
+        threading.Thread(target=self._read, args=(messages,), daemon=True).start()
+
+    def _read(self, messages: Iterator[control_pb2.ControlMessage]) -> None:
+        try:
+            for msg in messages:
+                self.queue.put(msg)
+            self.closed_by_peer = True
+        except grpc.RpcError:
+            self.closed_by_peer = True
+        except Exception:
+            log.exception("reading the control stream failed")
+        finally:
+            self.queue.put(None)
+
+    def get(self) -> control_pb2.ControlMessage | None:
+        return self.queue.get()
+
+    def next_plan(self) -> control_pb2.StepPlan | None:
+        """The plan after the current one when it has already arrived (None otherwise); never blocks."""
+        with self.queue.mutex:
+            head = self.queue.queue[0] if self.queue.queue else None
+        return head.plan if head is not None and head.WhichOneof("body") == "plan" else None
 
 
 def start_host_profile() -> cProfile.Profile | None:

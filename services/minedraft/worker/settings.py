@@ -56,6 +56,9 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                             help="host:port of rank 0's tensor-parallel rendezvous [MINEDRAFT_TP_ADDR]")
         parser.add_argument("--data-port", type=int, default=int(env("DATA_PORT", "0")),
                             help="data-plane rendezvous port, 0 = any free [MINEDRAFT_DATA_PORT]")
+        parser.add_argument("--launch-ahead", choices=("auto", "on", "off"), default=env("LAUNCH_AHEAD", "auto"),
+                            help="queue the next PSD verify on the device before reading this one back "
+                                 "(verifier/launch_ahead.py); auto = on for a GPU [MINEDRAFT_LAUNCH_AHEAD]")
         parser.add_argument("--colocated-draft", default=env("COLOCATED_DRAFT", ""),
                             help="draft model folder to load on this verifier's (rank 0's) GPU and run standard SD "
                                  "without a draft service; empty = drafts come from a draft service "

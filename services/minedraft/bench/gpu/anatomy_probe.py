@@ -37,14 +37,17 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
+def parse_points(text: str) -> list[tuple[int, int]]:
+    return [(int(k), int(m)) for k, m in (item.split("x") for item in text.split(","))]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m minedraft.bench.gpu.anatomy_probe", description=__doc__)
     p.add_argument("--out", default="probe_out")
     p.add_argument("--variant", action="append", default=[], help="name[:VAR=value,...], one split stack each")
     p.add_argument("--acceptance", type=float, default=0.7)
-    p.add_argument("--k", type=int, default=4)
-    p.add_argument("--m", type=int, default=16)
-    p.add_argument("--steps", type=int, default=30, help="steps in each profiling window")
+    p.add_argument("--points", type=parse_points, default=[(4, 16)], help="k x m cells, e.g. 4x16,6x16")
+    p.add_argument("--steps", type=int, default=30, help="steps in each profiling window (first cell only)")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--num-blocks", type=int, default=2048)
@@ -78,12 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     agree = agree_for_acceptance(args.acceptance)
     target, draft = SyntheticSpec("llama3-8b", "target", 0.02, 4, agree).pair()
     pair = PairSpecs(str(target), str(draft))
-    prompts = random_prompts(2 * args.m, seed=13)
+    widest = max(m for _, m in args.points)
+    prompts = random_prompts(2 * widest, seed=13)
     stacks: dict[str, tuple[LocalStack, Path]] = {}
     for text in args.variant or ["base"]:
         name, env = parse_variant(text)
         folder = (out / name).resolve()
-        stack = split_stack(pair, args.num_blocks, 2 * args.m)
+        stack = split_stack(pair, args.num_blocks, 2 * widest)
         stack.cfg = replace(stack.cfg, extra_env={**stack.cfg.extra_env, **env, DIR_ENV: str(folder)})
         stacks[name] = (stack, folder)
     results: dict = {"args": vars(args), "variants": {}}
@@ -97,12 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         log("stacks ready")
         for name, (stack, folder) in stacks.items():
             found = results["variants"][name] = {}
-            for config, mode, batch in (("SD-2GPU", "sd", prompts[: args.m]), ("PSD m+m", "psd", prompts)):
-                row, _ = measure(stack, mode, args.k, batch, args.max_tokens, args.reps)
-                log(f"{name} {config}: {row['tokens_per_s']:.0f} tok/s, step {row['step_ms']:.2f} ms, draft "
-                    f"{row['draft_ms']:.2f}, verify {row['verify_ms']:.2f}, overlap {row['overlap_efficiency']:.2f}")
-                found[config] = {"row": row, "profile": profile_run(stack, folder, mode, batch, args)}
-                (out / "probe.json").write_text(json.dumps(results, indent=1))
+            for i, (k, m) in enumerate(args.points):
+                for config, mode, batch in (("SD-2GPU", "sd", prompts[:m]), ("PSD m+m", "psd", prompts[: 2 * m])):
+                    row, _ = measure(stack, mode, k, batch, args.max_tokens, args.reps)
+                    log(f"{name} k={k} m={m} {config}: {row['tokens_per_s']:.0f} tok/s, step {row['step_ms']:.2f} "
+                        f"ms, draft {row['draft_ms_per_batch']:.2f} / verify {row['verify_ms_per_batch']:.2f} per "
+                        f"batch, overlap {row['overlap_efficiency']:.2f}")
+                    cell = found[f"k={k} m={m} {config}"] = {"row": row}
+                    if i == 0:
+                        cell["profile"] = profile_run(stack, folder, mode, batch, args)
+                    (out / "probe.json").write_text(json.dumps(results, indent=1))
     finally:
         for stack, _ in stacks.values():
             stack.stop(grace=20)

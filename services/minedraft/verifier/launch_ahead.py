@@ -1,0 +1,52 @@
+"""Launch-ahead: queue the next plan's verify on the GPU before reading this plan's verdict back.
+
+In PSD the verifier's step i judges batch A while the draft service drafts batch B; step i+1 judges
+B with those drafts. Nothing in step i+1 depends on step i's outcome (A and B are disjoint, and B's
+state on the host is the one its previous verdict left), so once step i is queued the verifier can
+queue step i+1 behind it: the stream waits for B's drafts (an NCCL receive posted earlier), and the
+GPU runs i+1 as soon as they are there, while the host reads back and commits step i. The GPU no
+longer idles through the host's read-back, bookkeeping, event and next-plan preparation.
+
+Only the plain case is launched ahead: the next plan verifies exactly the batch this plan drafts (same
+order), removes none of this plan's sequences, every row is greedy and in the steady state (one
+committed token not yet in the KV), tensor parallelism and the colocated draft are off, and the
+payload fits one frame. Everything else takes the ordinary path. The drafts' header travels back
+with the verdict and is checked when the step commits; a mismatch (which the plan rules out) is
+reported as a broken data plane, so the draft service is re-synced. Greedy verification is exact for
+any drafts, so even then no output token is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minedraft.engine.readback import Readback
+from minedraft.engine.verifier import Verifier
+from minedraft.proto import control_pb2
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A plan whose verify is queued on the GPU and whose verdict is already on its way."""
+
+    plan: control_pb2.StepPlan
+    ids: list[int]
+    event: control_pb2.WorkerEvent  # filled as the step goes; returned when it commits
+    readback: Readback
+    header: Readback  # the draft frame's header and sequence ids
+    expected_header: list[int]
+
+
+def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids: list[int],
+                   nxt: control_pb2.StepPlan) -> list[int] | None:
+    """The next plan's verify batch when its verify may be queued now, else None."""
+    drafted = list(current.draft_batch)
+    if nxt.step != current.step + 1 or not nxt.with_drafts or not current.with_drafts or not drafted:
+        return None
+    if list(nxt.verify_batch) != drafted or not set(nxt.remove).isdisjoint((*current_ids, *drafted)):
+        return None
+    for seq_id in drafted:
+        st = worker.seqs.get(seq_id)
+        if st is None or st.length - st.cached != 1 or not st.params.greedy:
+            return None
+    return drafted
