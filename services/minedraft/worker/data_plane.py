@@ -199,18 +199,13 @@ class DataPlane:
         no receive is posted or the payload would not fit one frame."""
         if self._posted is None or batch + batch * k > _FRAME - _HEADER:
             return None
-        frame, work = self._posted
-        self._posted = None
-        try:
-            work.wait()
-        except Exception as exc:
-            raise DataPlaneError(f"receive from peer failed: {exc}") from exc
+        frame = self._claim_posted()
         tokens = frame[_HEADER + batch : _HEADER + batch + batch * k].view(batch, k)
         return PostedDrafts(tokens, frame[: _HEADER + batch])
 
-    def _take_frame(self, channel: str) -> torch.Tensor:
-        if channel != "drafts" or self._posted is None:
-            return self._recv((_FRAME,), torch.int64, channel)
+    def _claim_posted(self) -> torch.Tensor:
+        """The posted frame, once its receive is waited on (NCCL: by the stream; gloo: by this thread)."""
+        assert self._posted is not None
         frame, work = self._posted
         self._posted = None
         try:
@@ -218,6 +213,11 @@ class DataPlane:
         except Exception as exc:
             raise DataPlaneError(f"receive from peer failed: {exc}") from exc
         return frame
+
+    def _take_frame(self, channel: str) -> torch.Tensor:
+        if channel != "drafts" or self._posted is None:
+            return self._recv((_FRAME,), torch.int64, channel)
+        return self._claim_posted()
 
     def _recv_frame(self, channel: str) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """(header, the body on the host, the body on the device): one copy to the host."""
