@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", action="append", default=[], help="name[:VAR=value,...], one split stack each")
     p.add_argument("--acceptance", type=float, default=0.7)
     p.add_argument("--points", type=parse_points, default=[(4, 16)], help="k x m cells, e.g. 4x16,6x16")
-    p.add_argument("--steps", type=int, default=30, help="steps in each profiling window (first cell only)")
+    p.add_argument("--steps", type=int, default=30, help="steps in each profiling window (first cell only; 0: none)")
+    p.add_argument("--depths", default="2", help="pipeline depths the PSD cells run at, e.g. 2,3")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--num-blocks", type=int, default=2048)
@@ -101,14 +102,17 @@ def main(argv: list[str] | None = None) -> int:
         log("stacks ready")
         for name, (stack, folder) in stacks.items():
             found = results["variants"][name] = {}
+            depths = [int(d) for d in args.depths.split(",")]
             for i, (k, m) in enumerate(args.points):
-                for config, mode, batch in (("SD-2GPU", "sd", prompts[:m]), ("PSD m+m", "psd", prompts[: 2 * m])):
-                    row, _ = measure(stack, mode, k, batch, args.max_tokens, args.reps)
+                cells = [("SD-2GPU", "sd", prompts[:m], 2)]
+                cells += [(f"PSD m+m depth {d}", "psd", prompts[: 2 * m], d) for d in depths]
+                for config, mode, batch, depth in cells:
+                    row, _ = measure(stack, mode, k, batch, args.max_tokens, args.reps, depth)
                     log(f"{name} k={k} m={m} {config}: {row['tokens_per_s']:.0f} tok/s, step {row['step_ms']:.2f} "
                         f"ms, draft {row['draft_ms_per_batch']:.2f} / verify {row['verify_ms_per_batch']:.2f} per "
                         f"batch, overlap {row['overlap_efficiency']:.2f}")
                     cell = found[f"k={k} m={m} {config}"] = {"row": row}
-                    if i == 0:
+                    if i == 0 and args.steps > 0 and depth == depths[0]:
                         cell["profile"] = profile_run(stack, folder, mode, batch, args)
                     (out / "probe.json").write_text(json.dumps(results, indent=1))
     finally:
