@@ -1,4 +1,7 @@
-"""Client of a batch manager's admin port: GET /health, GET and PUT /admin/policy."""
+"""Client of a batch manager's admin port: GET /health, GET and PUT /admin/policy.
+
+Every call carries the deployment's admin key as `Authorization: Bearer <key>` (what the batch
+manager's admin API checks, api_keys.py); the key is per deployment, so it is per call here."""
 
 from __future__ import annotations
 
@@ -20,9 +23,11 @@ class AdminClient:
     async def close(self) -> None:
         await self.session.close()
 
-    async def _call(self, method: str, url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def _call(self, method: str, url: str, key: str | None, body: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {key}"} if key else None
         try:
-            async with self.session.request(method, url, json=body) as reply:
+            async with self.session.request(method, url, json=body, headers=headers) as reply:
                 text = await reply.text()
                 if reply.status >= 400:
                     raise AdminError(f"{method} {url}: HTTP {reply.status}: {text[:300]}")
@@ -30,11 +35,11 @@ class AdminClient:
         except (aiohttp.ClientError, TimeoutError, ValueError) as err:
             raise AdminError(f"{method} {url}: {type(err).__name__}: {err}") from err
 
-    async def health(self, base: str) -> dict[str, Any]:
-        return await self._call("GET", f"{base}/health")
+    async def health(self, base: str, key: str | None) -> dict[str, Any]:
+        return await self._call("GET", f"{base}/health", key)
 
-    async def get_policy(self, base: str) -> dict[str, Any]:
-        return await self._call("GET", f"{base}/admin/policy")
+    async def get_policy(self, base: str, key: str | None) -> dict[str, Any]:
+        return await self._call("GET", f"{base}/admin/policy", key)
 
-    async def put_policy(self, base: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("PUT", f"{base}/admin/policy", body)
+    async def put_policy(self, base: str, body: dict[str, Any], key: str | None) -> dict[str, Any]:
+        return await self._call("PUT", f"{base}/admin/policy", key, body)

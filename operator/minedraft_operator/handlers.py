@@ -15,8 +15,10 @@ from typing import Any
 import kopf
 
 from minedraft_operator.admin import AdminClient
+from minedraft_operator.admin_secret import AdminKeyError
 from minedraft_operator.crds import API_VERSION, GROUP, VERSION
 from minedraft_operator.kube import ApiError, KubeApi, api_path
+from minedraft_operator.render import OperatorPods
 from minedraft_operator.render.names import INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER
 from minedraft_operator.sync import MDD_PLURAL, POLICY_PLURAL, apply_objects, sync_deployment, sync_policy_status
 
@@ -28,6 +30,7 @@ class OperatorState:
     """Clients shared by all handlers (created on login, inside kopf's event loop)."""
 
     sync_seconds: float = 15.0
+    operator_pods: OperatorPods = field(default_factory=OperatorPods)  # the admin port's allowed peers
     api: KubeApi | None = None
     admin: AdminClient | None = None
     locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
@@ -92,8 +95,8 @@ def build_registry(state: OperatorState, login: Login = kopf.login_via_client) -
         api, _admin = clients()
         mdd = dict(body)
         try:
-            applied = await apply_objects(api, mdd)
-        except ApiError as err:
+            applied = await apply_objects(api, mdd, state.operator_pods)
+        except (ApiError, AdminKeyError) as err:
             raise kopf.TemporaryError(f"applying objects failed: {err}", delay=10) from err
         patch.status["observedGeneration"] = body["metadata"].get("generation", 1)
         await sync(mdd)

@@ -86,6 +86,11 @@ class KubeApi:
                 raise
         return await self.request("POST", api_path(obj["apiVersion"], plural, meta.get("namespace")), body=obj)
 
+    async def create(self, obj: dict[str, Any], plural: str) -> dict[str, Any]:
+        """POST; a 409 (it exists) is the caller's to handle."""
+        meta = obj["metadata"]
+        return dict(await self.request("POST", api_path(obj["apiVersion"], plural, meta.get("namespace")), body=obj))
+
     async def delete(self, path: str) -> None:
         try:
             await self.request("DELETE", path, body={"propagationPolicy": "Background"})

@@ -25,6 +25,11 @@ RULES: list[dict[str, Any]] = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": OWNED},
     {"apiGroups": [""], "resources": ["services"], "verbs": OWNED},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": OWNED},
+    {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": OWNED},
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": OWNED},
+    # The admin key: read from the Secret the resource names (get by name: no list, no watch), and the
+    # operator's own Secret created for a resource that names none.
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     # Serving pods: watched for readiness, draft crash loops and GPU scheduling.
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     # kopf: events about handled objects, namespace and CRD discovery.

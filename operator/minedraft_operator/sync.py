@@ -7,10 +7,12 @@ import datetime
 from typing import Any
 
 from minedraft_operator.admin import AdminClient, AdminError
+from minedraft_operator.admin_secret import AdminKeyError, admin_key
 from minedraft_operator.crds import API_VERSION
 from minedraft_operator.kube import KubeApi, api_path
 from minedraft_operator.policy import differs, pinned_to_ar, policy_body
-from minedraft_operator.render import OWNED_KINDS, render
+from minedraft_operator.render import OWNED_KINDS, OperatorPods, render
+from minedraft_operator.render.admin_key import admin_key_ref
 from minedraft_operator.render.names import INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, selector_string
 from minedraft_operator.spec import DeploymentSpec
 from minedraft_operator.status import PodView, ReplicaReport, conditions, merge_conditions, summary
@@ -23,9 +25,13 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def apply_objects(api: KubeApi, mdd: dict[str, Any]) -> list[str]:
-    """Apply what the resource renders into, then delete owned objects it no longer renders."""
-    desired = render(mdd)
+async def apply_objects(api: KubeApi, mdd: dict[str, Any], operator: OperatorPods | None = None) -> list[str]:
+    """Apply what the resource renders into, then delete owned objects it no longer renders. The
+    generated admin key Secret comes first: the pods reference it."""
+    spec = DeploymentSpec.from_resource(mdd)
+    if admin_key_ref(spec).generated:
+        await admin_key(api, spec)
+    desired = render(mdd, operator)
     plurals = {kind: plural for _, kind, plural in OWNED_KINDS}
     for obj in desired:
         await api.apply(obj, plurals[obj["kind"]])
@@ -41,26 +47,36 @@ async def apply_objects(api: KubeApi, mdd: dict[str, Any]) -> list[str]:
     return [f"{o['kind']}/{o['metadata']['name']}" for o in desired]
 
 
-async def _replica(admin: AdminClient, pod: PodView, port: int, body: dict[str, Any],
-                   generation: int) -> ReplicaReport:
+async def _replica(admin: AdminClient, pod: PodView, port: int, body: dict[str, Any], generation: int,
+                   key: str | AdminKeyError) -> ReplicaReport:
     """Bring one batch manager to the desired policy (ar while its draft crash-loops) and read its health."""
     report = ReplicaReport(pod, policy_generation=generation, pinned_ar=pod.draft_crashlooping)
+    if isinstance(key, AdminKeyError):
+        report.error = f"admin key: {key}"
+        return report
     base = f"http://{pod.ip}:{port}"
     want = pinned_to_ar(body) if pod.draft_crashlooping else body
     try:
-        effective = await admin.get_policy(base)
+        effective = await admin.get_policy(base, key)
         # Send only what this batch manager knows (an older image lacks newer fields); report the rest.
         report.unsupported = sorted(set(want) - set(effective))
         want = {k: v for k, v in want.items() if k in effective}
         if differs(effective, want):
-            effective = await admin.put_policy(base, want)
+            effective = await admin.put_policy(base, want, key)
         report.applied = not differs(effective, want)
         if not report.applied:
             report.error = f"policy not in effect after PUT: {differs(effective, want)}"
-        report.health = await admin.health(base)
+        report.health = await admin.health(base, key)
     except AdminError as err:
         report.error = str(err)
     return report
+
+
+async def _admin_key_or_error(api: KubeApi, spec: DeploymentSpec) -> str | AdminKeyError:
+    try:
+        return await admin_key(api, spec)
+    except AdminKeyError as err:
+        return err
 
 
 async def read_policy(api: KubeApi, namespace: str, spec: DeploymentSpec) -> tuple[dict[str, Any] | None, str | None]:
@@ -81,8 +97,10 @@ async def sync_deployment(api: KubeApi, admin: AdminClient, mdd: dict[str, Any])
     policy, missing = await read_policy(api, ns, spec)
     generation = policy["metadata"].get("generation", 1) if policy else 0
     body = policy_body(policy["spec"] if policy else None)
-    reports = list(await asyncio.gather(*(_replica(admin, p, spec.ports["admin"], body, generation)
-                                          for p in pods if p.serving)))
+    serving = [p for p in pods if p.serving]
+    key = await _admin_key_or_error(api, spec) if serving else AdminKeyError("no serving replica")
+    reports = list(await asyncio.gather(*(_replica(admin, p, spec.ports["admin"], body, generation, key)
+                                          for p in serving)))
     old = mdd.get("status", {}).get("conditions", [])
     gen = mdd["metadata"].get("generation", 1)
     status: dict[str, Any] = {

@@ -22,9 +22,12 @@ import pytest
 
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
 from minedraft_operator.render import render
+from minedraft_operator.render.admin_key import admin_key_ref
+from minedraft_operator.spec import DeploymentSpec
 from tests.chart.k8s_tools import CHART, Manifest, by_kind, helm_template, one
 from tests.operator.pod_runner import HOST, PATH, LocalPod, free_ports
 
+ADMIN_KEY = "chart-test-admin-key-5d2e"
 PORT_KEYS = ("ports.verifier", "ports.draft", "ports.tensorParallel", "ports.dataPlane", "ports.admin",
              "service.grpcPort", "service.httpPort")
 
@@ -45,7 +48,10 @@ def chart_pod(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     # HOME is a volume of its own; /tmp stays this machine's (mapping it would also move the models folder).
     mounts = {"home": root / "home"}
     mounts["home"].mkdir()
-    pod = LocalPod(deployment["spec"]["template"], mounts, root / "logs")
+    # The example names no admin Secret: the pod reads the one the operator generates (made here as it would be).
+    ref = admin_key_ref(DeploymentSpec.from_resource(mdd))
+    assert ref.generated
+    pod = LocalPod(deployment["spec"]["template"], mounts, root / "logs", secrets={ref.name: {ref.key: ADMIN_KEY}})
     pod.start()
     try:
         pod.wait_ready(timeout_s=180)
@@ -83,8 +89,8 @@ def run_helm_test(manifests: list[Manifest], tmp_path: Path) -> subprocess.Compl
 
 def put_policy(pod: LocalPod, body: dict[str, Any]) -> dict[str, Any]:
     url = f"http://{HOST}:{pod.port('batch-manager', 'admin')}/admin/policy"
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="PUT",
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN_KEY}"}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="PUT", headers=headers)
     with urllib.request.urlopen(request, timeout=60) as reply:
         return json.loads(reply.read())
 

@@ -12,6 +12,18 @@ import yaml
 from minedraft_operator.crds import deployment_crd, policy_crd
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "operator" / "examples"
+# The running pod's admin key, from a Secret its resource names (auth.adminSecretRef), as a user's would.
+ADMIN_SECRET = "tiny-admin"
+ADMIN_SECRET_KEY = "admin-api-key"
+ADMIN_KEY = "pod-test-admin-key-7c1f"
+
+
+def admin_secret(namespace: str) -> dict[str, Any]:
+    """The Secret as the API stores it (base64 data)."""
+    import base64
+
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": ADMIN_SECRET, "namespace": namespace},
+            "type": "Opaque", "data": {ADMIN_SECRET_KEY: base64.b64encode(ADMIN_KEY.encode()).decode()}}
 
 
 def load_example(name: str) -> dict[str, Any]:
@@ -56,6 +68,7 @@ def cpu_pod_resource(ports: list[int]) -> dict[str, Any]:
     spec["target"]["threads"] = spec["draft"]["threads"] = 1
     spec["ports"] = dict(zip(("verifier", "draft", "tensorParallel", "dataPlane", "admin"), ports, strict=False))
     spec["service"] = {"grpcPort": ports[5], "httpPort": ports[6]}
+    spec["auth"] = {"adminSecretRef": {"name": ADMIN_SECRET, "key": ADMIN_SECRET_KEY}}
     return mdd
 
 
@@ -72,11 +85,13 @@ def running_pod(tmp_path_factory: pytest.TempPathFactory):
     # /tmp stays this machine's: mapping it would also move a checkout (and its models) that lives under /tmp.
     mounts = {"target-model": TINY_TARGET.parent, "home": root / "home"}
     mounts["home"].mkdir()
-    pod = LocalPod(deployment["spec"]["template"], mounts, root / "logs")
+    pod = LocalPod(deployment["spec"]["template"], mounts, root / "logs",
+                   secrets={ADMIN_SECRET: {ADMIN_SECRET_KEY: ADMIN_KEY}})
     pod.start()
     try:
         pod.wait_ready(timeout_s=150)
-        status, pod.initial_policy = http("GET", f"http://127.0.0.1:{pod.port('batch-manager', 'admin')}/admin/policy")
+        status, pod.initial_policy = http("GET", f"http://127.0.0.1:{pod.port('batch-manager', 'admin')}/admin/policy",
+                                          key=ADMIN_KEY)
         assert status == 200, pod.initial_policy
         yield mdd, pod
     finally:

@@ -27,6 +27,9 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "apps/v1/deployments": {"kind": "Deployment"},
     "v1/services": {"kind": "Service"},
     "resource.k8s.io/v1/resourceclaimtemplates": {"kind": "ResourceClaimTemplate"},
+    "networking.k8s.io/v1/networkpolicies": {"kind": "NetworkPolicy"},
+    "policy/v1/poddisruptionbudgets": {"kind": "PodDisruptionBudget"},
+    "v1/secrets": {"kind": "Secret"},
     "v1/namespaces": {"kind": "Namespace", "namespaced": False},
     "apiextensions.k8s.io/v1/customresourcedefinitions": {"kind": "CustomResourceDefinition", "namespaced": False},
 }
@@ -60,6 +63,7 @@ class Cluster:
     def __init__(self, server: str, session: aiohttp.ClientSession) -> None:
         self.server = server.rstrip("/")
         self.session = session
+        self.writes = 0
 
     async def call(self, method: str, path: str, body: Any = None) -> Any:
         headers = {"Content-Type": "application/merge-patch+json" if method == "PATCH" else "application/json"}
@@ -72,6 +76,10 @@ class Cluster:
 
     async def patch(self, api_version: str, plural: str, namespace: str, name: str, body: dict[str, Any],
                     subresource: str | None = None) -> dict[str, Any]:
+        # A real API server gives every write a new resourceVersion; the emulator keeps whatever the
+        # object carries, and kopf takes an event with the version its own last patch saw as stale.
+        self.writes += 1
+        body = {**body, "metadata": {**body.get("metadata", {}), "resourceVersion": f"test-{self.writes}"}}
         return await self.call("PATCH", api_path(api_version, plural, namespace, name, subresource), body)
 
     async def get(self, api_version: str, plural: str, namespace: str, name: str) -> dict[str, Any]:

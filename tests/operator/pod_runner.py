@@ -40,9 +40,11 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+def http(method: str, url: str, body: dict[str, Any] | None = None, key: str | None = None) -> tuple[int, Any]:
+    """One JSON call; `key` goes out as `Authorization: Bearer <key>` (what the operator sends)."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=60) as reply:
             return reply.status, json.loads(reply.read())
@@ -91,6 +93,8 @@ class LocalPod:
     template: dict[str, Any]
     mounts: dict[str, Path]  # volume name -> local folder
     log_dir: Path
+    # Secret name -> key -> value: what `valueFrom.secretKeyRef` reads (the kubelet reads the API's Secret).
+    secrets: dict[str, dict[str, str]] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     initial_policy: dict[str, Any] = field(default_factory=dict)  # GET /admin/policy once ready
 
@@ -108,9 +112,18 @@ class LocalPod:
     def _env(self, container: dict[str, Any]) -> dict[str, str]:
         env = {"PATH": PATH, "LANG": "C.UTF-8"}
         for item in container.get("env", []):
-            if "value" not in item:
-                raise ValueError(f"{container['name']}: {item['name']} needs a cluster (valueFrom)")
-            env[item["name"]] = self._local_path(container, item["value"])
+            if "value" in item:
+                env[item["name"]] = self._local_path(container, item["value"])
+                continue
+            ref = item.get("valueFrom", {}).get("secretKeyRef")
+            if ref is None:
+                raise ValueError(f"{container['name']}: {item['name']} needs a cluster ({item.get('valueFrom')})")
+            # A missing Secret or key keeps the container from starting (CreateContainerConfigError).
+            value = self.secrets.get(ref["name"], {}).get(ref["key"])
+            if value is None:
+                raise ValueError(f"{container['name']}: {item['name']}: Secret {ref['name']!r} key {ref['key']!r} "
+                                 "not given to the pod runner")
+            env[item["name"]] = value
         return env
 
     def start(self) -> None:

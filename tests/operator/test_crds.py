@@ -66,6 +66,8 @@ def test_examples_are_admitted_with_defaults(gpu_mdd, cpu_mdd, policy, mdd_crd, 
     assert cpu["spec"]["ports"] == {"verifier": 50061, "draft": 50062, "tensorParallel": 29650,
                                     "dataPlane": 29651, "admin": 8081}
     assert cpu["spec"]["nccl"]["nvlsEnable"] is False
+    assert (cpu["spec"]["networkPolicy"], cpu["spec"]["disruptionBudget"]) == ({"enabled": True},
+                                                                              {"enabled": True, "maxUnavailable": 1})
     bare, errors = admit(specpol_crd, {"apiVersion": "minedraft.io/v1alpha1", "kind": "SpeculationPolicy",
                                        "metadata": {"name": "p"}, "spec": {}})
     assert errors == []
@@ -113,6 +115,10 @@ MDD_INVALID = [
     ("bad shm size", _set("spec.sharedMemorySize", "lots"), "does not match"),
     ("no images", _drop("spec.images"), "'images' is a required property"),
     ("negative replicas", _set("spec.replicas", -1), "less than the minimum"),
+    ("admin ref w/o name", _set("spec.auth.adminSecretRef", {"key": "k"}), "'name' is a required property"),
+    ("empty admin key name", _set("spec.auth.adminSecretRef", {"name": "s", "key": ""}), "should be non-empty"),
+    ("budget of 0", _set("spec.disruptionBudget.maxUnavailable", 0), "less than the minimum"),
+    ("unknown netpol field", _set("spec.networkPolicy.allowFrom", []), "unknown field"),
 ]
 
 POLICY_INVALID = [

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
 
+from tests.operator.conftest import ADMIN_KEY, admin_secret
 from tests.operator.emulator import eventually, running_operator
 
 MDD = ("minedraft.io/v1alpha1", "minedraftdeployments")
 POLICY = ("minedraft.io/v1alpha1", "speculationpolicies")
 RCT = ("resource.k8s.io/v1", "resourceclaimtemplates")
+NETPOL = ("networking.k8s.io/v1", "networkpolicies")
+PDB = ("policy/v1", "poddisruptionbudgets")
 NS = "default"
 
 
@@ -48,6 +52,24 @@ async def test_create_change_and_prune(kmock, gpu_mdd) -> None:
         (template,) = await k.list(*RCT, NS)
         assert template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 3
         assert template["metadata"]["ownerReferences"][0]["uid"] == "uid-gpu"
+        # No auth.adminSecretRef: the operator generated the admin key's Secret (owned) and the pods read it.
+        secret = await k.get("v1", "secrets", NS, "llama-70b-admin-key")
+        assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-gpu" and secret["immutable"] is True
+        key = base64.b64decode(secret["data"]["admin-api-key"]).decode()
+        assert len(key) >= 40
+        d = await k.get("apps/v1", "deployments", NS, "llama-70b")
+        bm = next(c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "batch-manager")
+        assert {e["name"]: e.get("valueFrom") for e in bm["env"]}["MINEDRAFT_ADMIN_API_KEY"] == {
+            "secretKeyRef": {"name": "llama-70b-admin-key", "key": "admin-api-key"}}
+        policy = await k.get(*NETPOL, NS, "llama-70b")
+        assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-gpu"
+        admin_rule, open_rule = policy["spec"]["ingress"]
+        assert admin_rule["ports"] == [{"protocol": "TCP", "port": 8081}]
+        assert admin_rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+        assert 8081 not in [p["port"] for p in open_rule["ports"]] and "from" not in open_rule
+        budget = await k.get(*PDB, NS, "llama-70b")
+        assert budget["spec"]["maxUnavailable"] == 1 and budget["metadata"]["ownerReferences"][0]["uid"] == "uid-gpu"
+        assert budget["spec"]["selector"] == d["spec"]["selector"]
 
         # Change the resource: tp 4 -> a new claim template (specs are immutable), the old one is pruned.
         await k.patch(*MDD, NS, "llama-70b", {"metadata": {"generation": 2},
@@ -61,6 +83,9 @@ async def test_create_change_and_prune(kmock, gpu_mdd) -> None:
             return True
 
         await eventually(lambda: one_template_of(5), what="a single 5-GPU claim template")
+        # Reconciling again keeps the generated key (pods that read it keep working).
+        again = await k.get("v1", "secrets", NS, "llama-70b-admin-key")
+        assert base64.b64decode(again["data"]["admin-api-key"]).decode() == key
 
         # devicePlugin: no claim template; GPUs requested per container.
         await k.patch(*MDD, NS, "llama-70b", {"metadata": {"generation": 3}, "spec": {"gpu": {"mode": "devicePlugin"}}})
@@ -88,6 +113,17 @@ async def test_create_change_and_prune(kmock, gpu_mdd) -> None:
             return True
 
         await eventually(unschedulable, what="GPUsAllocated False")
+
+        # networkPolicy and disruptionBudget switched off: both pruned.
+        await k.patch(*MDD, NS, "llama-70b", {"metadata": {"generation": 4}, "spec": {
+            "networkPolicy": {"enabled": False}, "disruptionBudget": {"enabled": False}}})
+
+        async def pruned() -> bool:
+            assert await k.list(*NETPOL, NS) == [] and await k.list(*PDB, NS) == []
+            assert await k.get("apps/v1", "deployments", NS, "llama-70b")  # the rest stays
+            return True
+
+        await eventually(pruned, what="NetworkPolicy and PodDisruptionBudget pruned")
 
 
 def container_statuses(bm_ready: bool, draft: dict[str, Any]) -> list[dict[str, Any]]:
@@ -161,6 +197,28 @@ async def test_pod_status_drives_conditions(kmock, cpu_mdd, policy) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_missing_admin_secret_is_reported_not_generated(kmock, cpu_mdd) -> None:
+    """A Secret the resource names is the user's: the operator never creates it, and says why pushes stop."""
+    mdd = with_namespace(cpu_mdd, "uid-ref")
+    mdd["spec"]["auth"] = {"adminSecretRef": {"name": "ops-admin"}}
+    mdd["spec"].pop("policyRef")  # the policy defaults: only the key can stop the push
+    async with running_operator(kmock) as k:
+        await k.create(*MDD, mdd)
+        await k.create("v1", "pods", pod(mdd, "tiny-0", pod_status(True, DRAFT_UP)))
+
+        async def reported() -> dict[str, Any]:
+            obj = await k.get(*MDD, NS, "tiny")
+            assert conditions(obj).get("PolicyApplied") == ("False", "PushFailed")
+            (replica,) = obj["status"]["replicaStatus"]
+            assert replica["error"] == "admin key: Secret 'ops-admin' (auth.adminSecretRef) not found in default"
+            return obj
+
+        await eventually(reported, what="the missing Secret in the status")
+        assert [s["metadata"]["name"] for s in await k.list("v1", "secrets", NS)] == []
+        assert await k.get("apps/v1", "deployments", NS, "tiny")  # the pods wait for the Secret, as the kubelet does
+
+
+@pytest.mark.asyncio
 async def test_policy_reaches_a_real_batch_manager(kmock, running_pod, policy) -> None:
     """The SpeculationPolicy is pushed live to the batch manager of the pod the operator generated
     (run locally), the status records it, a crash-looping draft pins the replica to ar and its
@@ -180,11 +238,13 @@ async def test_policy_reaches_a_real_batch_manager(kmock, running_pod, policy) -
                           batching={"maxSequencesPerBatch": 8, "pipelineDepth": 1})
 
     async def batch_manager_runs(expected: dict[str, Any]) -> dict[str, Any]:
-        status, effective = await asyncio.to_thread(http, "GET", f"{admin}/admin/policy")
+        status, effective = await asyncio.to_thread(http, "GET", f"{admin}/admin/policy", None, ADMIN_KEY)
         assert status == 200 and {k: effective.get(k) for k in expected} == expected
         return effective
 
     async with running_operator(kmock) as k:
+        # The Secret the resource names (auth.adminSecretRef): the pod got its key, the operator reads it.
+        await k.create("v1", "secrets", admin_secret(NS))
         await k.create(*MDD, mdd)
         await k.create("v1", "pods", pod(mdd, "tiny-0", pod_status(True, DRAFT_UP)))
         await k.create(*POLICY, with_namespace(policy, "uid-fast"))

@@ -76,7 +76,7 @@ def test_tensor_parallel_ranks_rendezvous_on_localhost(tp: int, gpu_mdd) -> None
 
 def test_cpu_profile_requests_no_gpus(cpu_mdd) -> None:
     objs = rendered(cpu_mdd)
-    assert set(objs) == {"Deployment", "Service"}
+    assert set(objs) == {"NetworkPolicy", "Deployment", "Service", "PodDisruptionBudget"}  # no claim template
     cs = containers(objs)
     for name in ("verifier", "draft"):
         e = env(cs[name])

@@ -141,6 +141,23 @@ def _ports() -> Schema:
     )
 
 
+def _secret_key_ref(description: str, default_key: str) -> Schema:
+    return obj(description, {"name": string("Secret name (same namespace).", min_length=1, max_length=253),
+                             "key": string("Key inside the Secret.", default=default_key, min_length=1)},
+               required=["name"])
+
+
+def _auth() -> Schema:
+    return obj("API keys: of the public endpoints, and of the batch manager's admin API.", {
+        "secretRef": _secret_key_ref("Secret key holding the API key of the public endpoints (MINEDRAFT_API_KEY); "
+                                     "unset = no key.", "api-key"),
+        "adminSecretRef": _secret_key_ref(
+            "Secret key holding the admin API key (MINEDRAFT_ADMIN_API_KEY), which the operator sends with every "
+            "policy push; unset = the operator generates the Secret <name>-admin-key (owned by this resource).",
+            "admin-api-key"),
+    })
+
+
 def spec_schema() -> Schema:
     ports = "[" + ", ".join(f"self.ports.{name}" for name in PORT_FIELDS) + ", self.service.grpcPort, " \
         "self.service.httpPort]"
@@ -165,11 +182,15 @@ def spec_schema() -> Schema:
             "policyRef": obj("The SpeculationPolicy (same namespace) pushed live to every ready replica; unset = "
                              "the policy defaults.", {"name": string("SpeculationPolicy name.", min_length=1,
                                                                       max_length=253)}, required=["name"]),
-            "auth": obj("API key of the public endpoints.", {"secretRef": obj(
-                "Secret key holding the API key (MINEDRAFT_API_KEY).",
-                {"name": string("Secret name.", min_length=1, max_length=253),
-                 "key": string("Key inside the Secret.", default="api-key", min_length=1)},
-                required=["name"])}),
+            "auth": _auth(),
+            "networkPolicy": obj("A NetworkPolicy that lets only the operator's pods reach the batch manager's "
+                                 "admin port (every other port stays open as without it).", {
+                                     "enabled": boolean("Render the NetworkPolicy (clusters without a NetworkPolicy "
+                                                        "controller ignore it).", default=True)}, default={}),
+            "disruptionBudget": obj("A PodDisruptionBudget for the serving pods (node drains, evictions).", {
+                "enabled": boolean("Render the PodDisruptionBudget.", default=True),
+                "maxUnavailable": integer("Serving pods a voluntary disruption may take down at once.", minimum=1,
+                                          default=1)}, default={}),
             "observability": obj("Traces and metrics.", {
                 "otlpEndpoint": string("OTLP endpoint for traces and metrics (OTEL_EXPORTER_OTLP_ENDPOINT).",
                                        pattern=r"^https?://.+$"),

@@ -1,13 +1,17 @@
 """Reconcile as a pure function: a MineDraftDeployment in, the objects it needs out.
 
-The chart's tests call `render` on the example resources; the operator applies its output.
+The chart's tests call `render` on the example resources; the operator applies its output. The
+admin key Secret the operator generates is not rendered here (its value is random, made once:
+see sync.ensure_admin_key), only referenced.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from minedraft_operator.render.disruption import disruption_budget
 from minedraft_operator.render.gpu import claim_template
+from minedraft_operator.render.network import OperatorPods, network_policy
 from minedraft_operator.render.pod import deployment
 from minedraft_operator.render.service import service
 from minedraft_operator.spec import DeploymentSpec
@@ -17,17 +21,25 @@ OWNED_KINDS = (
     ("resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates"),
     ("apps/v1", "Deployment", "deployments"),
     ("v1", "Service", "services"),
+    ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+    ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
 )
 
 
-def render(resource: dict[str, Any]) -> list[dict[str, Any]]:
-    """Desired objects for one MineDraftDeployment, in apply order (claim template before its pods)."""
+def render(resource: dict[str, Any], operator: OperatorPods | None = None) -> list[dict[str, Any]]:
+    """Desired objects for one MineDraftDeployment, in apply order (claim template before its pods,
+    the NetworkPolicy before the pods whose admin port it guards). `operator`: where the operator's
+    pods run (the NetworkPolicy's allowed peers); None = the chart's defaults."""
     spec = DeploymentSpec.from_resource(resource)
     objects = []
     if spec.gpu_mode == "dra":
         objects.append(claim_template(spec))
+    if spec.raw["networkPolicy"]["enabled"]:
+        objects.append(network_policy(spec, operator or OperatorPods()))
     objects += [deployment(spec), service(spec)]
+    if spec.raw["disruptionBudget"]["enabled"]:
+        objects.append(disruption_budget(spec))
     return objects
 
 
-__all__ = ["OWNED_KINDS", "render"]
+__all__ = ["OWNED_KINDS", "OperatorPods", "render"]

@@ -6,6 +6,8 @@ import math
 from typing import Any
 
 from minedraft_operator.policy import default_policy_env
+from minedraft_operator.render.admin_key import admin_key_ref
+from minedraft_operator.render.admin_key import env_entry as admin_key_env
 from minedraft_operator.render.gpu import GpuSlot, layout
 from minedraft_operator.render.names import BATCH_MANAGER, DRAFT
 from minedraft_operator.spec import DeploymentSpec, Worker
@@ -146,12 +148,12 @@ def _manager_env(spec: DeploymentSpec) -> list[dict[str, Any]]:
     if otlp:
         env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_SERVICE_NAME": f"minedraft-{spec.name}"})
     out = env_list(env)
-    auth = spec.raw.get("auth", {})
-    for field, name in (("secretRef", "MINEDRAFT_API_KEY"), ("adminSecretRef", "MINEDRAFT_ADMIN_API_KEY")):
-        secret = auth.get(field)
-        if secret:
-            out.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret["name"],
-                                                                      "key": secret.get("key", "api-key")}}})
+    public = spec.raw.get("auth", {}).get("secretRef")
+    if public:
+        out.append({"name": "MINEDRAFT_API_KEY", "valueFrom": {"secretKeyRef": {"name": public["name"],
+                                                                             "key": public.get("key", "api-key")}}})
+    # Always a key on the admin API: the user's Secret, or the one the operator generates.
+    out.append(admin_key_env(admin_key_ref(spec)))
     return out
 
 
