@@ -51,7 +51,8 @@ def test_operator_objects_pass_strict_kubernetes_validation(values: Path, render
     objects = operator_objects(rendered, crds, values.name)
     kinds = [o["kind"] for o in objects]
     gpu_mode = one(rendered[values.name], "MineDraftDeployment")["spec"]["gpu"]["mode"]
-    assert kinds == (["ResourceClaimTemplate"] if gpu_mode == "dra" else []) + ["Deployment", "Service"]
+    assert kinds == (["ResourceClaimTemplate"] if gpu_mode == "dra" else []) + ["NetworkPolicy", "Deployment",
+                                                                               "Service", "PodDisruptionBudget"]
     for manifest in objects:
         kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
 
@@ -85,13 +86,16 @@ def test_helm_test_reaches_what_the_operator_serves(values: Path, rendered: dict
     flags = _flags(one(manifests, "Pod"))
     assert flags["grpc"] == f"{service['metadata']['name']}:{ports['grpc']}"
     assert flags["http"] == f"http://{service['metadata']['name']}:{ports['http']}"
-    (admin_service,) = [s for s in by_kind(manifests, "Service") if s["spec"].get("clusterIP") == "None"]
-    assert admin_service["spec"]["selector"] == one(objects, "Deployment")["spec"]["selector"]["matchLabels"]
+    # /health of every replica on its public HTTP port (the NetworkPolicy keeps the admin port to the operator).
+    (replicas,) = [s for s in by_kind(manifests, "Service") if s["spec"].get("clusterIP") == "None"]
+    assert replicas["spec"]["selector"] == one(objects, "Deployment")["spec"]["selector"]["matchLabels"]
     manager_ports = {p["name"]: p["containerPort"] for p in _containers(objects)["batch-manager"]["ports"]}
-    (admin_port,) = admin_service["spec"]["ports"]
-    assert admin_port["targetPort"] == "admin" and admin_port["port"] == manager_ports["admin"]
-    host = f"{admin_service['metadata']['name']}.{admin_service['metadata']['namespace']}.svc"
-    assert flags["health"] == f"http://{host}:{manager_ports['admin']}/health"
+    (port,) = replicas["spec"]["ports"]
+    assert port["targetPort"] == "http" and port["port"] == manager_ports["http"]
+    host = f"{replicas['metadata']['name']}.{replicas['metadata']['namespace']}.svc"
+    assert flags["health"] == f"http://{host}:{manager_ports['http']}/health"
+    open_to_all = [r for r in one(objects, "NetworkPolicy")["spec"]["ingress"] if "from" not in r]
+    assert manager_ports["http"] in {p["port"] for r in open_to_all for p in r["ports"]}
 
 
 def test_bundled_models_live_where_the_images_put_them(rendered: dict[str, list[Manifest]],
