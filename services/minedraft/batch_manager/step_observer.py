@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from minedraft.batch_manager.step_stats import busy_ms
 from minedraft.core.request import Request
 from minedraft.observability.metrics import ServingMetrics
 from minedraft.proto import control_pb2
@@ -99,8 +100,8 @@ class MetricsObserver(StepObserver):
     def _record(self, step: int, verify: control_pb2.StepTiming, kind: str, wall_ms: float,
                 draft: control_pb2.StepTiming | None) -> None:
         data_plane_ms = verify.send_ms + (draft.send_ms if draft is not None else 0.0)
-        self.metrics.step(kind, wall_ms / 1000.0, verify.compute_ms / 1000.0,
-                          draft.compute_ms / 1000.0 if draft is not None else None, data_plane_ms / 1000.0)
+        self.metrics.step(kind, wall_ms / 1000.0, busy_ms(verify) / 1000.0,
+                          busy_ms(draft) / 1000.0 if draft is not None else None, data_plane_ms / 1000.0)
 
     def _forget_before(self, step: int) -> None:
         """Halves whose partner never came (a lost draft service, an AR step with a stray draft event)."""

@@ -7,6 +7,13 @@ from dataclasses import dataclass, field
 
 from minedraft.proto import control_pb2
 
+
+def busy_ms(timing: control_pb2.StepTiming) -> float:
+    """How long the worker's device computed this step: its GPU time where the worker measured one
+    (a verify launched ahead is queued long before it runs, so its host clock says little), else the
+    host time of the compute."""
+    return timing.device_ms or timing.compute_ms
+
 AUTO_MIN_SAMPLES = 32  # speculative verifies auto mode needs before judging
 
 
@@ -70,6 +77,7 @@ class Counters:
         # Plans that gave this side a batch: in sequential SD every other plan leaves a side idle, so a
         # per-plan mean halves its busy time; time per *batch* divides by this count instead.
         t[f"{side}_busy_steps"] = t.get(f"{side}_busy_steps", 0) + (timing.batch > 0)
+        t[f"{side}_busy_ms"] = t.get(f"{side}_busy_ms", 0.0) + busy_ms(timing)
         for name in ("compute_ms", "recv_wait_ms", "send_ms", "control_ms", "plan_wait_ms"):
             key = f"{side}_{name}"
             t[key] = t.get(key, 0.0) + getattr(timing, name)

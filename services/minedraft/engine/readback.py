@@ -11,14 +11,18 @@ import torch
 
 
 class Readback:
-    """A device tensor's values on the host, copied asynchronously (CUDA) or at once (CPU)."""
+    """A device tensor's values on the host, copied asynchronously (CUDA) or at once (CPU).
 
-    def __init__(self, device_tensor: torch.Tensor) -> None:
+    `started` (a timing event recorded where the step's work began on the stream) lets `device_ms`
+    say how long the GPU spent from there to this copy, whatever the host did meanwhile."""
+
+    def __init__(self, device_tensor: torch.Tensor, started: torch.cuda.Event | None = None) -> None:
         self.event: torch.cuda.Event | None = None
+        self.started = started
         if device_tensor.is_cuda:
             self.host = torch.empty(device_tensor.shape, dtype=device_tensor.dtype, pin_memory=True)
             self.host.copy_(device_tensor, non_blocking=True)
-            self.event = torch.cuda.Event()
+            self.event = torch.cuda.Event(enable_timing=started is not None)
             self.event.record()
         else:
             self.host = device_tensor
@@ -30,3 +34,18 @@ class Readback:
         if self.event is not None:
             self.event.synchronize()
         return self.host.tolist()
+
+    def device_ms(self) -> float:
+        """GPU time from `started` to the copy (0 without a start or on the CPU); call after `tolist`."""
+        if self.started is None or self.event is None:
+            return 0.0
+        return self.started.elapsed_time(self.event)
+
+
+def device_start(device: torch.device) -> torch.cuda.Event | None:
+    """A timing event recorded now on the current stream (None on the CPU)."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event

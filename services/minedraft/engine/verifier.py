@@ -44,9 +44,10 @@ class Verifier(SequenceHost):
         return verify_drafts(drafts, draft_probs, target_probs, logits, sampling, positions)
 
     @staticmethod
-    def read_back(verdict: Verdict) -> Readback:
-        """Queue the verdict's copy to the host (accepted counts and rows in one tensor) right behind it."""
-        return Readback(torch.cat((verdict.accepted.unsqueeze(1), verdict.tokens), dim=1))
+    def read_back(verdict: Verdict, started: torch.cuda.Event | None = None) -> Readback:
+        """Queue the verdict's copy to the host (accepted counts and rows in one tensor) right behind it;
+        `started`: where the verify began on the stream, for the readback's device time."""
+        return Readback(torch.cat((verdict.accepted.unsqueeze(1), verdict.tokens), dim=1), started)
 
     def commit(self, seq_ids: list[int], readback: Readback) -> tuple[list[list[int]], list[int]]:
         """Wait for the verdict, append each row's tokens and drop the KV of rejected drafts.

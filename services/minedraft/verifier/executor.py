@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from minedraft.engine.drafter import Proposal
-from minedraft.engine.readback import Readback
+from minedraft.engine.readback import Readback, device_start
 from minedraft.engine.transfer import to_device
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
@@ -157,13 +157,14 @@ class VerifierExecutor(PlaneOwner):
             proposal = align_drafts(payload, ids) if payload is not None and plan.with_drafts else None
             if self.followers is not None:
                 self.followers.send(KIND_PLAN, plan, proposal)
+            started = device_start(self.device) if self.colocated is None else None
             with timed(timing, "compute_ms"):
                 verdict = self.worker.judge(ids, proposal)
             # The verdict leaves while the GPU still computes it: the send's host work (frame, NCCL
             # enqueue) and posting the receive of this plan's drafts overlap the verify instead of
             # following it, and the draft service gets its verdict as soon as the GPU has it.
             self._hand_on(plan, VerdictPayload(plan.step, ids, verdict.tokens, verdict.accepted), timing, event)
-            readback = self.worker.read_back(verdict)
+            readback = self.worker.read_back(verdict, started)
             self._launch_next(plan, ids, event, readback)
             self._commit(ids, readback, event)
         else:
@@ -184,6 +185,7 @@ class VerifierExecutor(PlaneOwner):
         timing = event.timing
         with timed(timing, "compute_ms"):
             rows, accepted_list = self.worker.commit(ids, readback)
+        timing.device_ms += readback.device_ms()
         counts = [n + 1 for n in accepted_list]
         event.verdicts.seq_ids.extend(ids)
         event.verdicts.counts.extend(counts)
@@ -220,6 +222,7 @@ class VerifierExecutor(PlaneOwner):
                 if posted is None:
                     return
                 header = Readback(posted.header)  # ready when the drafts are, before the verify runs
+                started = device_start(self.device)  # the verify's GPU time starts once its drafts are in
                 apply_membership(self.worker, nxt)
                 verdict = self.worker.judge(next_ids, Proposal(posted.tokens, None))
         except DataPlaneError as exc:
@@ -231,7 +234,7 @@ class VerifierExecutor(PlaneOwner):
         self.drafts_pending = nxt.with_drafts and len(nxt.draft_batch) > 0 and self.plane is not None
         payload = VerdictPayload(nxt.step, next_ids, verdict.tokens, verdict.accepted)
         self._hand_on(nxt, payload, timing, next_event)
-        self.launched = LaunchedStep(nxt, next_ids, next_event, self.worker.read_back(verdict), header,
+        self.launched = LaunchedStep(nxt, next_ids, next_event, self.worker.read_back(verdict, started), header,
                                      expected_header(plan.step, next_ids, plan.k))
         if not self.launched_count:
             log.info("verifies are launched ahead (first: step %d, queued during step %d)", nxt.step, plan.step)

@@ -88,11 +88,15 @@ def measure(stack: LocalStack, mode: str, k: int, prompts: list[list[int]], max_
         first = first or outputs
     per_step = step_delta(fetch_status(cfg.http_port), before)
     wall = per_step.get("wall_ms", 0.0)
-    busiest = max(per_step.get("verify_compute_ms", 0.0), per_step.get("draft_compute_ms", 0.0))
+    # Busy: the GPU time the workers measured (CUDA events), the host clock where they did not; a verify
+    # launched ahead is queued long before it runs, so only its GPU time says how long it took.
+    verify_busy = per_step.get("verify_busy_ms", per_step.get("verify_compute_ms", 0.0))
+    draft_busy = per_step.get("draft_busy_ms", per_step.get("draft_compute_ms", 0.0))
+    busiest = max(verify_busy, draft_busy)
     median = statistics.median(rates)
     # Per batch, not per plan: sequential SD gives each worker a batch every other plan only.
-    verify_busy = per_step.get("verify_busy_steps", 0.0) or 1.0
-    draft_busy = per_step.get("draft_busy_steps", 0.0) or 1.0
+    verify_share = per_step.get("verify_busy_steps", 0.0) or 1.0
+    draft_share = per_step.get("draft_busy_steps", 0.0) or 1.0
     row = {
         "tokens_per_s": median, "tokens_per_s_min": min(rates), "tokens_per_s_max": max(rates),
         "spread": (max(rates) - min(rates)) / median, "reps": reps, "concurrency": len(prompts),
@@ -100,8 +104,8 @@ def measure(stack: LocalStack, mode: str, k: int, prompts: list[list[int]], max_
         "steps": per_step["steps"], "acceptance": per_step["acceptance"],
         "mean_accepted_length": per_step["mean_accepted_length"], "step_ms": wall,
         "draft_ms": per_step.get("draft_compute_ms", 0.0), "verify_ms": per_step.get("verify_compute_ms", 0.0),
-        "verify_ms_per_batch": per_step.get("verify_compute_ms", 0.0) / verify_busy,
-        "draft_ms_per_batch": per_step.get("draft_compute_ms", 0.0) / draft_busy,
+        "verify_busy_ms": verify_busy, "draft_busy_ms": draft_busy,
+        "verify_ms_per_batch": verify_busy / verify_share, "draft_ms_per_batch": draft_busy / draft_share,
         "verify_busy_fraction": per_step.get("verify_busy_steps", 0.0),
         "verify_wait_ms": per_step.get("verify_recv_wait_ms", 0.0),
         "verify_plan_wait_ms": per_step.get("verify_plan_wait_ms", 0.0),
