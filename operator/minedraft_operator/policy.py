@@ -1,11 +1,11 @@
 """SpeculationPolicy -> the batch manager's live policy (PUT /admin/policy body).
 
-Field map (contract.md): mode -> mode, k.initial -> k, batching.maxSequencesPerBatch x 2 ->
+Field map (contract.md): mode -> mode, k.initial -> k (in auto: k.max, the most adaptive k may
+choose), k.min -> k_min (auto chooses within k_min..k), batching.maxSequencesPerBatch x 2 ->
 max_num_seqs (the batch manager caps both batches together), batching.pipelineDepth ->
 pipeline_depth, batching.rebalanceThreshold -> rebalance_threshold,
 fallback.onLowAcceptance.{minTokensPerStep, probeSteps} -> auto_{min_tokens_per_step, probe_steps}.
-k.min/k.max, batching.strategy and fallback.onDraftFailure have one possible behaviour today and
-are not sent.
+batching.strategy and fallback.onDraftFailure have one possible behaviour today and are not sent.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ def policy_body(policy_spec: dict[str, Any] | None) -> dict[str, Any]:
     """The admin body for a policy spec (None: the defaults of an empty SpeculationPolicy)."""
     spec = apply_defaults(_spec_schema(), policy_spec or {})
     batching, low = spec["batching"], spec["fallback"]["onLowAcceptance"]
+    k = spec["k"]["max"] if spec["mode"] == "auto" else spec["k"]["initial"]
     return {
         "mode": spec["mode"],
-        "k": spec["k"]["initial"],
+        "k": k,
+        "k_min": min(spec["k"]["min"], k),
         "max_num_seqs": 2 * batching["maxSequencesPerBatch"],
         "pipeline_depth": batching["pipelineDepth"],
         "rebalance_threshold": float(batching["rebalanceThreshold"]),

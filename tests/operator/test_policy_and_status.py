@@ -8,9 +8,12 @@ from minedraft_operator.status import PodView, ReplicaReport, conditions, merge_
 
 def test_policy_body_maps_every_contract_field(policy) -> None:
     policy["spec"]["batching"].update(maxSequencesPerBatch=24, rebalanceThreshold=2.5)
-    assert policy_body(policy["spec"]) == {"mode": "psd", "k": 4, "max_num_seqs": 48, "pipeline_depth": 2,
-                                           "rebalance_threshold": 2.5, "auto_min_tokens_per_step": 1.3,
-                                           "auto_probe_steps": 200}
+    assert policy_body(policy["spec"]) == {"mode": "psd", "k": 4, "k_min": 2, "max_num_seqs": 48,
+                                           "pipeline_depth": 2, "rebalance_threshold": 2.5,
+                                           "auto_min_tokens_per_step": 1.3, "auto_probe_steps": 200}
+    # auto: adaptive k chooses within k.min..k.max
+    auto = policy_body({**policy["spec"], "mode": "auto", "k": {"initial": 4, "min": 2, "max": 6}})
+    assert (auto["k"], auto["k_min"]) == (6, 2)
     assert policy_body(None) == policy_body({})
     assert pinned_to_ar(policy_body(None))["mode"] == "ar"
     assert default_policy_env() == {"MINEDRAFT_MODE": "psd", "MINEDRAFT_K": "4", "MINEDRAFT_MAX_NUM_SEQS": "64"}

@@ -11,8 +11,8 @@ K_MIN, K_MAX = 1, 16
 
 def spec_schema() -> Schema:
     k = obj(
-        "Draft tokens per speculative step. The batch manager runs `initial`; min and max are the bounds an "
-        "adaptive k may move within (stored and validated today; adaptive k is a later feature).",
+        "Draft tokens per speculative step. psd and sd run `initial`; in auto, adaptive k chooses the k of "
+        "each step within min..max from the measured acceptance and draft and verify costs.",
         {
             "initial": integer("k the replicas run.", minimum=K_MIN, maximum=K_MAX, default=4),
             "min": integer("Lowest k an adaptive policy may choose.", minimum=K_MIN, maximum=K_MAX, default=1),
