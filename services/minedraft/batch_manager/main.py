@@ -143,6 +143,9 @@ async def serve(args: argparse.Namespace, config: ManagerConfig, options: Servin
                             api_keys=options.api_keys, max_request_bytes=options.max_request_bytes)
     servers = [_http_server(public, args.host, args.http_port, **options.uvicorn_tls())]
     if args.admin_port:
+        if not options.admin_keys and args.admin_host not in ("127.0.0.1", "::1", "localhost"):
+            logging.warning("the admin API on %s:%d has no key: anyone who reaches it can change the policy "
+                            "(set MINEDRAFT_ADMIN_API_KEY)", args.admin_host, args.admin_port)
         servers.append(_http_server(build_admin_app(coordinator, options.admin_keys), args.admin_host,
                                     args.admin_port))
     tasks = [asyncio.create_task(s.serve()) for s in servers]
