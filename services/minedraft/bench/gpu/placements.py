@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,9 +75,15 @@ def log_tails(stack: LocalStack, lines: int = 20) -> dict[str, list[str]]:
 
 
 def measure(stack: LocalStack, mode: str, k: int, prompts: list[list[int]], max_tokens: int, reps: int,
-            pipeline_depth: int = 2) -> tuple[dict, list[list[int]]]:
-    """One cell: policy, one full warm-up run, `reps` timed runs. Returns the row and the first run's outputs."""
+            pipeline_depth: int = 2, warm_ks: Sequence[int] = ()) -> tuple[dict, list[list[int]]]:
+    """One cell: policy, one full warm-up run, `reps` timed runs. Returns the row and the first run's outputs.
+
+    `warm_ks`: first one untimed PSD run at each of these k, so that every draft and verify width the
+    cell may use is captured as a CUDA graph before timing (auto picks its k per step)."""
     cfg = stack.cfg
+    for warm_k in warm_ks:
+        put_policy(stack.admin_port, mode="psd", k=warm_k, max_num_seqs=len(prompts), pipeline_depth=pipeline_depth)
+        asyncio.run(generate_all(cfg.grpc_port, prompts, max_tokens))
     put_policy(stack.admin_port, mode=mode, k=k, max_num_seqs=len(prompts), pipeline_depth=pipeline_depth)
     asyncio.run(generate_all(cfg.grpc_port, prompts, max_tokens))  # warm-up at this cell's own shape
     before = fetch_status(cfg.http_port)
