@@ -30,6 +30,7 @@ from minedraft.worker.info import worker_info
 from minedraft.worker.membership import apply_membership, forget_all
 from minedraft.worker.placement import COLOCATED_VERIFIER_ROLE, device_identity
 from minedraft.worker.step_timing import timed
+from minedraft.worker.torch_profile import StepProfiler
 from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, KIND_STOP, StepBroadcast
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,10 @@ def verify_ids(worker: Verifier, plan: control_pb2.StepPlan) -> list[int]:
     return [s for s in plan.verify_batch if s in worker.seqs]
 
 
-def follow(worker: Verifier, channel: StepBroadcast) -> None:
-    """A tensor-parallel rank > 0: run every step rank 0 announces, until told to stop."""
+def follow(worker: Verifier, channel: StepBroadcast, role: str = "verifier-tp") -> None:
+    """A tensor-parallel rank > 0: run every step rank 0 announces, until told to stop. With
+    MINEDRAFT_TORCH_PROFILE_DIR it opens profiling windows like rank 0 (request file `<role>.request`)."""
+    window = StepProfiler.from_env(role, worker.runner.device)
     while True:
         msg = channel.receive()
         if msg.kind == KIND_STOP:
@@ -63,10 +66,14 @@ def follow(worker: Verifier, channel: StepBroadcast) -> None:
             forget_all(worker)
             continue
         assert msg.plan is not None
+        if window is not None:
+            window.before_step(msg.plan.step)
         apply_membership(worker, msg.plan)
         ids = verify_ids(worker, msg.plan)
         if ids:
             worker.verify(ids, msg.proposal)
+        if window is not None:
+            window.after_step()
 
 
 class VerifierExecutor(PlaneOwner):

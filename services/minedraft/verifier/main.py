@@ -75,7 +75,7 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
         worker = Verifier(load_runner(args, tp, load))
         logging.info("tensor-parallel rank %d of %d following rank 0", tp.rank, tp.size)
         exit_if_rank0_never_stops(args.drain_grace_s + DRAIN_MARGIN_S)
-        follow(worker, channel)
+        follow(worker, channel, f"verifier-tp{tp.rank}")
         return 0
 
     def make_executor(runner: ModelRunner) -> VerifierExecutor:

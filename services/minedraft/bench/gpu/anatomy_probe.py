@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from minedraft.bench.client import generate_all
-from minedraft.bench.gpu.placements import PairSpecs, measure, split_stack
+from minedraft.bench.gpu.placements import PairSpecs, colocated_stack, measure, split_stack
 from minedraft.bench.gpu.timing import log
 from minedraft.bench.gpu.trace_summary import render, summarize
 from minedraft.bench.peaked_head import agree_for_acceptance
@@ -27,8 +27,6 @@ from minedraft.bench.synthetic_pair import SyntheticSpec
 from minedraft.bench.workload import random_prompts
 from minedraft.cli.local_stack import LocalStack
 from minedraft.worker.torch_profile import DIR_ENV
-
-ROLES = ("verifier", "draft")
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
@@ -52,17 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--num-blocks", type=int, default=2048)
+    p.add_argument("--tp-size", type=int, default=1, help="the target over GPUs 0..N-1 (the draft service on GPU N)")
+    p.add_argument("--ar-only", action="store_true",
+                   help="no draft service: AR through a verifier over N GPUs (profiles every rank)")
     return p
 
 
-def profile_run(stack: LocalStack, folder: Path, label: str, prompts: list[list[int]], args) -> dict[str, dict]:
-    """Ask both workers for a window, run the prompts once more, and summarise what they wrote."""
-    for role in ROLES:
+def profile_run(stack: LocalStack, folder: Path, label: str, prompts: list[list[int]], args,
+                roles: list[str]) -> dict[str, dict]:
+    """Ask the workers for a window, run the prompts once more, and summarise what they wrote."""
+    for role in roles:
         (folder / f"{role}.request").write_text(f"{label} {args.steps}")
     asyncio.run(generate_all(stack.cfg.grpc_port, prompts, args.max_tokens))
     summaries = {}
     deadline = time.monotonic() + 120
-    for role in ROLES:
+    for role in roles:
         trace = folder / f"{role}-{label}.trace.json"
         while not trace.exists() and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -88,14 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     for text in args.variant or ["base"]:
         name, env = parse_variant(text)
         folder = (out / name).resolve()
-        stack = split_stack(pair, args.num_blocks, 2 * widest)
+        stack = (colocated_stack if args.ar_only else split_stack)(pair, args.num_blocks, 2 * widest, args.tp_size)
         stack.cfg = replace(stack.cfg, extra_env={**stack.cfg.extra_env, **env, DIR_ENV: str(folder)})
         stacks[name] = (stack, folder)
     results: dict = {"args": vars(args), "variants": {}}
+    roles = ["verifier", *(f"verifier-tp{r}" for r in range(1, args.tp_size))] + ([] if args.ar_only else ["draft"])
     try:
         for stack, _ in stacks.values():
             stack.start_verifier()
-            stack.start_draft()
+            if not args.ar_only:
+                stack.start_draft()
             stack.start_manager()
         for stack, _ in stacks.values():
             stack.wait_ready(600)
@@ -104,8 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             found = results["variants"][name] = {}
             depths = [int(d) for d in args.depths.split(",")]
             for i, (k, m) in enumerate(args.points):
-                cells = [("SD-2GPU", "sd", prompts[:m], 2)]
-                cells += [(f"PSD m+m depth {d}", "psd", prompts[: 2 * m], d) for d in depths]
+                if args.ar_only:
+                    cells = [("AR", "ar", prompts[:m], d) for d in depths]
+                else:
+                    cells = [("SD-2GPU", "sd", prompts[:m], 2)]
+                    cells += [(f"PSD m+m depth {d}", "psd", prompts[: 2 * m], d) for d in depths]
                 for config, mode, batch, depth in cells:
                     row, _ = measure(stack, mode, k, batch, args.max_tokens, args.reps, depth)
                     log(f"{name} k={k} m={m} {config}: {row['tokens_per_s']:.0f} tok/s, step {row['step_ms']:.2f} "
@@ -113,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"batch, overlap {row['overlap_efficiency']:.2f}")
                     cell = found[f"k={k} m={m} {config}"] = {"row": row}
                     if i == 0 and args.steps > 0 and depth == depths[0]:
-                        cell["profile"] = profile_run(stack, folder, mode, batch, args)
+                        cell["profile"] = profile_run(stack, folder, mode, batch, args, roles)
                     (out / "probe.json").write_text(json.dumps(results, indent=1))
     finally:
         for stack, _ in stacks.values():
