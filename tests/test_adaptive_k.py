@@ -85,6 +85,23 @@ def test_plan_k_is_the_policy_k_outside_auto_and_bounded_inside() -> None:
         AdaptiveK(k_max=3, k_min=4)
 
 
+def test_costs_are_kept_per_batch_size_and_a_new_size_borrows_the_nearest() -> None:
+    """A CPU-like verify that grows with the batch: what the tail's small batches cost must not stand for full
+    ones, and the best k differs between them."""
+    est = AdaptiveK(k_max=4)
+    est.observe_verdicts(4, [4] * 16)  # every draft accepted: longer drafts yield more
+    for k in (1, 2, 3, 4):
+        est.draft.add(k, 1.0 * k, batch=16)
+        est.verify.add(k, 2.0 + 1.0 * k, batch=16)
+        est.draft.add(k, 0.2 * k, batch=2)
+        est.verify.add(k, 3.0, batch=2)
+    assert est.verify.estimate(3, False, batch=16) == 5.0 and est.verify.estimate(3, False, batch=12) == 5.0
+    assert est.verify.estimate(3, False, batch=3) == 3.0  # bucket 4 is unseen: 2 is nearer than 16
+    assert est.verify.estimate(3, False, batch=48) == 5.0
+    assert est.choose(batch=2) == 4  # flat verify: the longest draft pays
+    assert est.step_ms(4, True, batch=16) == 6.0 and est.step_ms(4, True, batch=2) == 3.0
+
+
 def specs(*seq_ids: int) -> list[control_pb2.SeqSpec]:
     return [control_pb2.SeqSpec(seq_id=s) for s in seq_ids]
 
@@ -181,3 +198,11 @@ def test_auto_mode_drafts_the_chosen_k_and_output_stays_exact(tmp_path: Path) ->
     assert outputs == [greedy(p, 60) for p in prompts]
     ks = [p.k for p in draft.plans if p.with_drafts and p.draft_batch]
     assert ks[0] == 5 and ks[-1] == 1 and set(ks[-5:]) == {1}
+    learnt = coordinator.status()["adaptive_k"]  # what /health shows
+    assert isinstance(learnt, dict) and (learnt["k_min"], learnt["k_max"]) == (1, 5)
+    plans_by_k = learnt["plans_by_k"]
+    assert sum(plans_by_k.values()) >= len(ks) and max(plans_by_k, key=plans_by_k.get) == 1
+    first, second = learnt["acceptance_by_position"][:2]  # the second shrinks to the pool: seldom tried
+    assert first > 0.9 and second < first - 0.2
+    verify_costs, draft_costs = learnt["verify_ms_by_batch_and_k"], learnt["draft_ms_by_batch_and_k"]
+    assert verify_costs[2][5] == 6.0 and draft_costs[2][1] == 4.0  # two batches of 2 sequences each

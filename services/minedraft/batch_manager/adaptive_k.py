@@ -52,6 +52,43 @@ class StepCosts:
         return max(0.0, mm + slope * (k - mk))
 
 
+def size_bucket(batch: int) -> int:
+    """Powers of two (0: size unknown). Step costs depend on the batch's size as well as on k (on a CPU
+    about linearly; a GPU's verify much less), and a run's tail shrinks the batches: costs learnt on
+    small batches must not stand for full ones."""
+    return 1 << (batch - 1).bit_length() if batch > 0 else 0
+
+
+@dataclass(slots=True)
+class BucketedCosts:
+    """StepCosts per batch-size bucket; a bucket not seen yet borrows the nearest one's."""
+
+    buckets: dict[int, StepCosts] = field(default_factory=dict)
+    last: int = 0  # the bucket measured most recently
+
+    def add(self, k: int, ms: float, batch: int = 0) -> None:
+        self.last = size_bucket(batch)
+        self.buckets.setdefault(self.last, StepCosts()).add(k, ms)
+
+    def table(self, batch: int = 0) -> StepCosts | None:
+        if not self.buckets:
+            return None
+        b = size_bucket(batch) if batch > 0 else self.last
+        if b in self.buckets:
+            return self.buckets[b]
+        return self.buckets[min(self.buckets, key=lambda key: (abs(key.bit_length() - b.bit_length()), -key))]
+
+    def estimate(self, k: int, grows_with_k: bool, batch: int = 0) -> float | None:
+        table = self.table(batch)
+        return None if table is None else table.estimate(k, grows_with_k)
+
+    @property
+    def by_k(self) -> dict[int, float]:
+        """The most recently measured bucket's costs by k."""
+        table = self.table()
+        return dict(table.by_k) if table is not None else {}
+
+
 @dataclass(slots=True)
 class AdaptiveK:
     """Chooses k in [k_min, k_max] from measured acceptance by position and measured step costs."""
@@ -60,8 +97,8 @@ class AdaptiveK:
     k_min: int = 1
     passed: list[float] = field(default_factory=list)  # decayed count of drafts accepted at position i
     tried: list[float] = field(default_factory=list)  # decayed count of drafts judged at position i
-    draft: StepCosts = field(default_factory=StepCosts)
-    verify: StepCosts = field(default_factory=StepCosts)
+    draft: BucketedCosts = field(default_factory=BucketedCosts)
+    verify: BucketedCosts = field(default_factory=BucketedCosts)
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_min <= self.k_max:
@@ -102,24 +139,29 @@ class AdaptiveK:
             total += reach
         return total
 
-    def step_ms(self, k: int, overlapped: bool) -> float | None:
-        d = self.draft.estimate(k, grows_with_k=True)
-        v = self.verify.estimate(k, grows_with_k=False)
+    def step_ms(self, k: int, overlapped: bool, batch: int = 0) -> float | None:
+        d = self.draft.estimate(k, grows_with_k=True, batch=batch)
+        v = self.verify.estimate(k, grows_with_k=False, batch=batch)
         if d is None or v is None:
             return None
         return max(d, v) if overlapped else d + v
 
-    def choose(self, overlapped: bool = True) -> int:
-        """The k with the most expected tokens per ms; k_max until both costs were measured."""
+    def choose(self, overlapped: bool = True, batch: int = 0) -> int:
+        """The k with the most expected tokens per ms for a batch of this size; k_max until both costs
+        were measured."""
         best_k, best_rate = self.k_max, -1.0
         for k in range(self.k_min, self.k_max + 1):
-            ms = self.step_ms(k, overlapped)
+            ms = self.step_ms(k, overlapped, batch)
             if ms is None:
                 return self.k_max
             rate = self.expected_tokens(k) / max(ms, 1e-6)
             if rate > best_rate * (1 + 1e-9):
                 best_k, best_rate = k, rate
         return best_k
+
+
+def costs_view(costs: BucketedCosts) -> dict[int, dict[int, float]]:
+    return {b: {k: round(ms, 3) for k, ms in sorted(t.by_k.items())} for b, t in sorted(costs.buckets.items())}
 
 
 class PlanK:
@@ -137,6 +179,7 @@ class PlanK:
         self.unverified: set[int] = set()  # sequences whose prompt the verifier has not computed yet
         self.undrafted: set[int] = set()  # ... the draft service has not
         self.cold: dict[int, tuple[bool, bool]] = {}  # step -> (its verify, its draft) included a prompt
+        self.chosen: dict[int, int] = {}  # auto: how many plans drafted each k
 
     def for_plan(self, step: int, mode: str, k: int, with_drafts: bool, draft_batch: Sequence[int] = (),
                  verify_batch: Sequence[int] = (), added: Sequence[SeqSpec] = (),
@@ -160,10 +203,21 @@ class PlanK:
                 self.adaptive = AdaptiveK(k_max=k, k_min=min(k_min, k))
             elif (self.adaptive.k_max, self.adaptive.k_min) != (k, min(k_min, k)):
                 self.adaptive.resize(k, k_min)
-            chosen = self.adaptive.choose(overlapped=True)
+            chosen = self.adaptive.choose(overlapped=True, batch=len(draft_batch))
+            if with_drafts:
+                self.chosen[chosen] = self.chosen.get(chosen, 0) + 1
         self.by_step[step] = chosen if with_drafts else 0
         self.by_step.pop(step - 16, None)
         return chosen
+
+    def snapshot(self) -> dict[str, object] | None:
+        """What auto has learnt and chosen (None before auto ran): for /health and for tuning k_min..k."""
+        a = self.adaptive
+        if a is None:
+            return None
+        return {"k_min": a.k_min, "k_max": a.k_max, "plans_by_k": dict(sorted(self.chosen.items())),
+                "acceptance_by_position": [round(p, 4) for p in a.acceptance()],
+                "draft_ms_by_batch_and_k": costs_view(a.draft), "verify_ms_by_batch_and_k": costs_view(a.verify)}
 
     def judged(self, step: int) -> int:
         """Drafts each sequence verified at `step` carries: its batch drafted in the step before."""
@@ -173,9 +227,9 @@ class PlanK:
         if self.adaptive is not None and drafted > 0 and accepted:
             self.adaptive.observe_verdicts(drafted, accepted)
             if not self.cold.get(step, (False, False))[0]:
-                self.adaptive.verify.add(drafted, compute_ms)
+                self.adaptive.verify.add(drafted, compute_ms, len(accepted))
 
-    def on_draft(self, step: int, compute_ms: float) -> None:
+    def on_draft(self, step: int, compute_ms: float, batch: int = 0) -> None:
         k = self.by_step.get(step, 0)
         if self.adaptive is not None and k > 0 and compute_ms > 0 and not self.cold.get(step, (False, False))[1]:
-            self.adaptive.draft.add(k, compute_ms)
+            self.adaptive.draft.add(k, compute_ms, batch)

@@ -181,4 +181,5 @@ class Coordinator:
             "verifier_reconnects": d.reconnect.reconnects,
             "acceptance_rate": round(c.accepted / c.drafted, 4) if c.drafted else 0.0,
             "mean_accepted_length": round(c.tokens / c.seq_verifies, 4) if c.seq_verifies else 0.0,
+            "adaptive_k": d.k_plan.snapshot(),
         }

@@ -272,7 +272,7 @@ class StepDriver:
 
     def draft_step_done(self, event: control_pb2.WorkerEvent) -> None:
         self.counters.add_timing("draft", event.timing)
-        self.k_plan.on_draft(event.step, busy_ms(event.timing))
+        self.k_plan.on_draft(event.step, busy_ms(event.timing), event.timing.batch)
         self.observer.draft_done(event)
 
     def on_verifier_lost(self) -> None:
