@@ -6,11 +6,21 @@ Secret gives); any of them is accepted. A client presents one as `Authorization:
 (an HTTP header, or gRPC metadata `authorization`). Every comparison is constant-time
 (`hmac.compare_digest`) and all keys are compared, so timing does not tell which part of a
 guess was right or which key matched. No keys configured means no check.
+
+Inline keys are fixed for the life of the process. Key files are rotated in place: the kubelet
+swaps a mounted Secret's files atomically (a symlink swap), so at most once a second a check
+stats each file (device, inode, size, mtime) and re-reads it when that changed. A file that
+vanished, cannot be read or holds no key never opens the API: the last good keys stay in force
+and one warning is logged until the file is good again. A stat and a read of a few bytes on the
+Secret's tmpfs take microseconds, so this runs on the request path without a thread.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
+import os
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -23,29 +33,103 @@ BEARER = "bearer "
 MISSING = "missing API key: send the header 'Authorization: Bearer <key>'"
 WRONG = "invalid API key"
 OPEN_GRPC_PREFIXES = ("/grpc.health.v1.Health/",)  # probes and load balancers need no key
+RECHECK_S = 1.0  # how often key files are stat'ed for a rotation
+
+log = logging.getLogger(__name__)
+
+
+def parse_keys(text: str) -> list[str]:
+    """Keys in a file: one per line (or comma-separated, as in MINEDRAFT_API_KEY), `#` starts a comment."""
+    return [key.strip() for line in text.splitlines() if not line.lstrip().startswith("#")
+            for key in line.split(",") if key.strip()]
+
+
+class KeyFile:
+    """One key file and the keys last read from it; `refresh` re-reads it when it changed on disk."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.keys: tuple[str, ...] = ()
+        self._stamp: tuple[int, ...] | None = None
+        self._problem: str | None = None  # what was last warned about, until the file is good again
+
+    def _current_stamp(self) -> tuple[int, ...]:
+        st = os.stat(self.path)  # follows the Secret volume's symlinks to the file now in place
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+    def load(self) -> None:
+        """The first read: a missing file or one without a key is a configuration error."""
+        if not self.path.is_file():
+            raise InvalidRequestError(f"API key file {self.path} does not exist")
+        self._stamp = self._current_stamp()
+        self.keys = tuple(parse_keys(self.path.read_text()))
+
+    def refresh(self) -> bool:
+        """Re-read the file if it changed; True when the keys changed. Never drops to no keys."""
+        try:
+            stamp = self._current_stamp()
+            if stamp == self._stamp:
+                return False
+            keys = tuple(parse_keys(self.path.read_text()))
+        except (OSError, UnicodeDecodeError) as err:
+            self._keep(f"cannot be read ({type(err).__name__}: {err})")
+            return False
+        self._stamp = stamp
+        if not keys:
+            self._keep("holds no key")
+            return False
+        self._problem = None
+        if keys == self.keys:
+            return False
+        log.info("API key file %s changed: %d key(s) in force now", self.path, len(keys))
+        self.keys = keys
+        return True
+
+    def _keep(self, why: str) -> None:
+        if why != self._problem:  # once per problem, not once per check
+            log.warning("API key file %s %s: keeping its last %d key(s) until it holds keys again",
+                        self.path, why, len(self.keys))
+            self._problem = why
 
 
 class ApiKeys:
-    """The accepted keys (empty: authentication is off)."""
+    """The accepted keys (empty: authentication is off): fixed inline ones plus those of key files."""
 
-    def __init__(self, keys: Iterable[str] = ()) -> None:
-        self._keys = [k.encode() for k in dict.fromkeys(k.strip() for k in keys) if k]
+    def __init__(self, keys: Iterable[str] = (), files: Iterable[KeyFile] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._inline = [k.strip() for k in keys if k.strip()]
+        self._files = list(files)
+        self._clock = clock
+        self._next_check = clock() + RECHECK_S
+        self._keys = self._combine()
+
+    def _combine(self) -> list[bytes]:
+        found = self._inline + [k for f in self._files for k in f.keys]
+        return [k.encode() for k in dict.fromkeys(found)]
 
     @classmethod
-    def load(cls, inline: str = "", files: Iterable[str] = ()) -> ApiKeys:
-        """Keys from a comma-separated string plus files of one key per line (# starts a comment)."""
-        keys = inline.split(",") if inline else []
-        for name in files:
-            if not name:
-                continue
-            path = Path(name)
-            if not path.is_file():
-                raise InvalidRequestError(f"API key file {name} does not exist")
-            keys += [line.strip() for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
-        found = cls(keys)
-        if (inline or any(files)) and not found:
+    def load(cls, inline: str = "", files: Iterable[str] = (),
+             clock: Callable[[], float] = time.monotonic) -> ApiKeys:
+        """Keys from a comma-separated string plus files of one key per line (# starts a comment);
+        the files are watched for rotation from then on."""
+        key_files = [KeyFile(Path(name)) for name in files if name]
+        for f in key_files:
+            f.load()
+        found = cls(inline.split(",") if inline else [], key_files, clock)
+        if (inline or key_files) and not found:
             raise InvalidRequestError("API keys were configured but none is non-empty")
         return found
+
+    def refresh(self) -> None:
+        """Pick up rotated key files, at most once per RECHECK_S (called by every check)."""
+        if not self._files:
+            return
+        now = self._clock()
+        if now < self._next_check:
+            return
+        self._next_check = now + RECHECK_S
+        if any([f.refresh() for f in self._files]):  # a list: every file is refreshed
+            self._keys = self._combine()
 
     def __bool__(self) -> bool:
         return bool(self._keys)
@@ -55,13 +139,15 @@ class ApiKeys:
 
     def check(self, authorization: str | None) -> str | None:
         """None when `authorization` (the header's value) carries an accepted key, else why not."""
-        if not self._keys:
+        self.refresh()
+        keys = self._keys
+        if not keys:
             return None
         if not authorization or authorization[: len(BEARER)].lower() != BEARER:
             return MISSING
         presented = authorization[len(BEARER):].strip().encode()
         matched = False
-        for key in self._keys:  # no early exit: the time does not depend on which key matched
+        for key in keys:  # no early exit: the time does not depend on which key matched
             matched |= hmac.compare_digest(presented, key)
         return None if matched else WRONG
 
