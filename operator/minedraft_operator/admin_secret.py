@@ -5,7 +5,7 @@ when missing. Reading needs `get` on secrets, creating `create`: nothing lists o
 from __future__ import annotations
 
 from minedraft_operator.kube import ApiError, KubeApi, api_path
-from minedraft_operator.render.admin_key import admin_key_ref, generated_secret, new_key, secret_value
+from minedraft_operator.render.admin_key import admin_key_ref, generated_secret, new_key, secret_keys
 from minedraft_operator.spec import DeploymentSpec
 
 
@@ -13,7 +13,8 @@ class AdminKeyError(Exception):
     """The admin key cannot be read (the Secret or its key is missing, or the API refused)."""
 
 
-async def admin_key(api: KubeApi, spec: DeploymentSpec) -> str:
+async def admin_keys(api: KubeApi, spec: DeploymentSpec) -> tuple[str, ...]:
+    """The keys in the Secret, read afresh on every call (no cache: a rotation is seen on the next sync)."""
     ref = admin_key_ref(spec)
     path = api_path("v1", "secrets", spec.namespace, ref.name)
     try:
@@ -29,7 +30,7 @@ async def admin_key(api: KubeApi, spec: DeploymentSpec) -> str:
         raise AdminKeyError(f"reading Secret {ref.name!r}: {err}") from err
     if secret is None:
         raise AdminKeyError(f"Secret {ref.name!r} (auth.adminSecretRef) not found in {spec.namespace}")
-    value = secret_value(secret, ref.key)
-    if value is None:
+    keys = secret_keys(secret, ref.key)
+    if not keys:
         raise AdminKeyError(f"Secret {ref.name!r} has no non-empty key {ref.key!r}")
-    return value
+    return keys

@@ -7,7 +7,7 @@ import datetime
 from typing import Any
 
 from minedraft_operator.admin import AdminClient, AdminError
-from minedraft_operator.admin_secret import AdminKeyError, admin_key
+from minedraft_operator.admin_secret import AdminKeyError, admin_keys
 from minedraft_operator.crds import API_VERSION
 from minedraft_operator.kube import KubeApi, api_path
 from minedraft_operator.policy import differs, pinned_to_ar, policy_body
@@ -30,7 +30,7 @@ async def apply_objects(api: KubeApi, mdd: dict[str, Any], operator: OperatorPod
     generated admin key Secret comes first: the pods reference it."""
     spec = DeploymentSpec.from_resource(mdd)
     if admin_key_ref(spec).generated:
-        await admin_key(api, spec)
+        await admin_keys(api, spec)
     desired = render(mdd, operator)
     plurals = {kind: plural for _, kind, plural in OWNED_KINDS}
     for obj in desired:
@@ -48,33 +48,33 @@ async def apply_objects(api: KubeApi, mdd: dict[str, Any], operator: OperatorPod
 
 
 async def _replica(admin: AdminClient, pod: PodView, port: int, body: dict[str, Any], generation: int,
-                   key: str | AdminKeyError) -> ReplicaReport:
+                   keys: tuple[str, ...] | AdminKeyError) -> ReplicaReport:
     """Bring one batch manager to the desired policy (ar while its draft crash-loops) and read its health."""
     report = ReplicaReport(pod, policy_generation=generation, pinned_ar=pod.draft_crashlooping)
-    if isinstance(key, AdminKeyError):
-        report.error = f"admin key: {key}"
+    if isinstance(keys, AdminKeyError):
+        report.error = f"admin key: {keys}"
         return report
     base = f"http://{pod.ip}:{port}"
     want = pinned_to_ar(body) if pod.draft_crashlooping else body
     try:
-        effective = await admin.get_policy(base, key)
+        effective = await admin.get_policy(base, keys)
         # Send only what this batch manager knows (an older image lacks newer fields); report the rest.
         report.unsupported = sorted(set(want) - set(effective))
         want = {k: v for k, v in want.items() if k in effective}
         if differs(effective, want):
-            effective = await admin.put_policy(base, want, key)
+            effective = await admin.put_policy(base, want, keys)
         report.applied = not differs(effective, want)
         if not report.applied:
             report.error = f"policy not in effect after PUT: {differs(effective, want)}"
-        report.health = await admin.health(base, key)
+        report.health = await admin.health(base, keys)
     except AdminError as err:
         report.error = str(err)
     return report
 
 
-async def _admin_key_or_error(api: KubeApi, spec: DeploymentSpec) -> str | AdminKeyError:
+async def _admin_keys_or_error(api: KubeApi, spec: DeploymentSpec) -> tuple[str, ...] | AdminKeyError:
     try:
-        return await admin_key(api, spec)
+        return await admin_keys(api, spec)
     except AdminKeyError as err:
         return err
 
@@ -98,8 +98,8 @@ async def sync_deployment(api: KubeApi, admin: AdminClient, mdd: dict[str, Any])
     generation = policy["metadata"].get("generation", 1) if policy else 0
     body = policy_body(policy["spec"] if policy else None)
     serving = [p for p in pods if p.serving]
-    key = await _admin_key_or_error(api, spec) if serving else AdminKeyError("no serving replica")
-    reports = list(await asyncio.gather(*(_replica(admin, p, spec.ports["admin"], body, generation, key)
+    keys = await _admin_keys_or_error(api, spec) if serving else AdminKeyError("no serving replica")
+    reports = list(await asyncio.gather(*(_replica(admin, p, spec.ports["admin"], body, generation, keys)
                                           for p in serving)))
     old = mdd.get("status", {}).get("conditions", [])
     gen = mdd["metadata"].get("generation", 1)

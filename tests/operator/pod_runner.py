@@ -24,6 +24,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.operator import secret_volume
+
 HOST = "127.0.0.1"  # the pod IP, seen from inside this machine
 # The image puts its venv on PATH; here the test's venv stands in for it.
 PATH = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
@@ -93,7 +95,8 @@ class LocalPod:
     template: dict[str, Any]
     mounts: dict[str, Path]  # volume name -> local folder
     log_dir: Path
-    # Secret name -> key -> value: what `valueFrom.secretKeyRef` reads (the kubelet reads the API's Secret).
+    # Secret name -> key -> value: what `valueFrom.secretKeyRef` and Secret volumes read (the kubelet reads
+    # the API's Secret); a Secret volume not in `mounts` is laid out under log_dir/volumes, as the kubelet does.
     secrets: dict[str, dict[str, str]] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     initial_policy: dict[str, Any] = field(default_factory=dict)  # GET /admin/policy once ready
@@ -126,8 +129,26 @@ class LocalPod:
             env[item["name"]] = value
         return env
 
+    def _secret_volumes(self, secret: str | None = None) -> list[dict[str, Any]]:
+        return [v for v in self.template["spec"].get("volumes", []) if "secret" in v
+                and (secret is None or v["secret"]["secretName"] == secret)]
+
+    def update_secret(self, name: str, data: dict[str, str]) -> None:
+        """Change a Secret: its volumes are rewritten in place, as the kubelet's sync does (env keeps its value)."""
+        self.secrets[name] = dict(data)
+        for volume in self._secret_volumes(name):
+            secret_volume.write(self.mounts[volume["name"]], secret_volume.project(volume, data),
+                                volume["secret"].get("defaultMode", 0o644))
+
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        for volume in self._secret_volumes():
+            self.mounts.setdefault(volume["name"], self.log_dir / "volumes" / volume["name"])
+            if volume["secret"]["secretName"] not in self.secrets:
+                raise ValueError(f"volume {volume['name']}: Secret {volume['secret']['secretName']!r} not given "
+                                 "to the pod runner")
+        for name in {v["secret"]["secretName"] for v in self._secret_volumes()}:
+            self.update_secret(name, self.secrets[name])
         for c in self.template["spec"]["containers"]:
             executable = shutil.which(c["command"][0], path=PATH)
             assert executable, f"{c['command'][0]} is not installed here"

@@ -59,8 +59,10 @@ async def test_create_change_and_prune(kmock, gpu_mdd) -> None:
         assert len(key) >= 40
         d = await k.get("apps/v1", "deployments", NS, "llama-70b")
         bm = next(c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "batch-manager")
-        assert {e["name"]: e.get("valueFrom") for e in bm["env"]}["MINEDRAFT_ADMIN_API_KEY"] == {
-            "secretKeyRef": {"name": "llama-70b-admin-key", "key": "admin-api-key"}}
+        volumes = {v["name"]: v for v in d["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["admin-key"]["secret"]["secretName"] == "llama-70b-admin-key"
+        assert {e["name"]: e.get("value") for e in bm["env"]}["MINEDRAFT_ADMIN_API_KEY_FILE"] == (
+            "/etc/minedraft/admin-key/key")
         policy = await k.get(*NETPOL, NS, "llama-70b")
         assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-gpu"
         admin_rule, open_rule = policy["spec"]["ingress"]

@@ -154,7 +154,7 @@ def test_ownership_labels_and_service_wiring(gpu_mdd) -> None:
                                                                                               (8000, 8000)]
     e = env(bm)
     assert e["MINEDRAFT_VERIFIER_ADDRESS"] == "127.0.0.1:50061" and e["MINEDRAFT_DRAFT_ADDRESS"] == "127.0.0.1:50062"
-    assert e["MINEDRAFT_API_KEY"] == "<from>" and e["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://otel")
+    assert e["MINEDRAFT_API_KEY_FILE"] == "/etc/minedraft/api-key/key" and e["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://otel")
     assert {"MINEDRAFT_MODE": "psd", "MINEDRAFT_K": "4", "MINEDRAFT_MAX_NUM_SEQS": "64"}.items() <= e.items()
 
 

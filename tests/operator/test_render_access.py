@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 
 from minedraft_operator.render import OperatorPods, render
-from minedraft_operator.render.admin_key import admin_key_ref, generated_secret, new_key, secret_value
+from minedraft_operator.render.admin_key import admin_key_ref, generated_secret, new_key, secret_keys
 from minedraft_operator.render.network import parse_labels
 from minedraft_operator.spec import DeploymentSpec
 
@@ -21,31 +21,68 @@ def rendered(mdd: dict[str, Any], operator: OperatorPods | None = None) -> dict[
 
 
 def manager_env(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {e["name"]: e.get("valueFrom", e.get("value")) for e in batch_manager(objs)["env"]}
+
+
+def batch_manager(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     (bm,) = [c for c in objs["Deployment"]["spec"]["template"]["spec"]["containers"] if c["name"] == "batch-manager"]
-    return {e["name"]: e.get("valueFrom", e.get("value")) for e in bm["env"]}
+    return bm
 
 
-def test_admin_key_comes_from_the_named_secret(gpu_mdd) -> None:
+def key_volumes(objs: dict[str, dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Volume name -> (its Secret source, the batch manager's mount of it), for Secret volumes."""
+    mounts = {m["name"]: m for m in batch_manager(objs)["volumeMounts"]}
+    return {v["name"]: (v["secret"], mounts[v["name"]])
+            for v in objs["Deployment"]["spec"]["template"]["spec"]["volumes"] if "secret" in v}
+
+
+def test_keys_are_files_of_mounted_secrets_not_env(gpu_mdd) -> None:
+    """A mounted Secret is updated in place by the kubelet (an env var is not): the batch manager gets
+    each key as a read-only directory with one file, named by MINEDRAFT_*_API_KEY_FILE."""
     gpu_mdd["spec"]["auth"]["adminSecretRef"] = {"name": "ops-keys", "key": "minedraft-admin"}
-    env = manager_env(rendered(gpu_mdd))
-    assert env["MINEDRAFT_ADMIN_API_KEY"] == {"secretKeyRef": {"name": "ops-keys", "key": "minedraft-admin"}}
-    assert env["MINEDRAFT_API_KEY"] == {"secretKeyRef": {"name": "minedraft-api-key", "key": "api-key"}}
+    objs = rendered(gpu_mdd)
+    assert kubernetes_validate.validate(objs["Deployment"], "1.34.0", strict=True)
+    env = manager_env(objs)
+    assert env["MINEDRAFT_ADMIN_API_KEY_FILE"] == "/etc/minedraft/admin-key/key"
+    assert env["MINEDRAFT_API_KEY_FILE"] == "/etc/minedraft/api-key/key"
+    assert not {"MINEDRAFT_ADMIN_API_KEY", "MINEDRAFT_API_KEY"} & env.keys()
+    assert not any("valueFrom" in e for e in batch_manager(objs)["env"])
+    assert key_volumes(objs) == {
+        "admin-key": ({"secretName": "ops-keys", "defaultMode": 0o440,
+                       "items": [{"key": "minedraft-admin", "path": "key"}]},
+                      {"name": "admin-key", "mountPath": "/etc/minedraft/admin-key", "readOnly": True}),
+        "api-key": ({"secretName": "minedraft-api-key", "defaultMode": 0o440,
+                     "items": [{"key": "api-key", "path": "key"}]},
+                    {"name": "api-key", "mountPath": "/etc/minedraft/api-key", "readOnly": True}),
+    }
+    for mount in batch_manager(objs)["volumeMounts"]:
+        assert "subPath" not in mount  # a subPath mount never sees the kubelet's update
+    others = [c for c in objs["Deployment"]["spec"]["template"]["spec"]["containers"] if c["name"] != "batch-manager"]
+    assert all(m["name"] not in ("admin-key", "api-key") for c in others for m in c["volumeMounts"])
     gpu_mdd["spec"]["auth"]["adminSecretRef"] = {"name": "ops-keys"}  # the key defaults
-    assert manager_env(rendered(gpu_mdd))["MINEDRAFT_ADMIN_API_KEY"]["secretKeyRef"]["key"] == "admin-api-key"
+    assert key_volumes(rendered(gpu_mdd))["admin-key"][0]["items"] == [{"key": "admin-api-key", "path": "key"}]
 
 
 def test_without_a_ref_the_admin_key_is_the_generated_secret(cpu_mdd) -> None:
     objs = rendered(cpu_mdd)
-    assert manager_env(objs)["MINEDRAFT_ADMIN_API_KEY"] == {
-        "secretKeyRef": {"name": "tiny-admin-key", "key": "admin-api-key"}}
-    assert "MINEDRAFT_API_KEY" not in manager_env(objs)  # the public key stays optional
+    assert key_volumes(objs)["admin-key"][0]["secretName"] == "tiny-admin-key"
+    assert "api-key" not in key_volumes(objs)  # the public key stays optional
+    assert "MINEDRAFT_API_KEY_FILE" not in manager_env(objs) and "MINEDRAFT_ADMIN_API_KEY_FILE" in manager_env(objs)
     spec = DeploymentSpec.from_resource(cpu_mdd)
     value = new_key()
     secret = generated_secret(spec, value)
     assert kubernetes_validate.validate(secret, "1.34.0", strict=True)
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "1234-uid" and secret["immutable"] is True
-    assert secret_value(secret, admin_key_ref(spec).key) == value and len(value) >= 40 and value != new_key()
-    assert secret_value({"data": {"admin-api-key": base64.b64encode(b" \n").decode()}}, "admin-api-key") is None
+    assert secret_keys(secret, admin_key_ref(spec).key) == (value,) and len(value) >= 40 and value != new_key()
+    assert secret_keys({"data": {"admin-api-key": base64.b64encode(b" \n").decode()}}, "admin-api-key") == ()
+
+
+def test_a_secret_in_rotation_yields_every_key_new_first() -> None:
+    """Read as the batch manager reads its key file: lines or commas, # comments."""
+    text = b"# rotating: new first\nnew-key-1\n  old-key-0 \n\n"
+    assert secret_keys({"data": {"k": base64.b64encode(text).decode()}}, "k") == ("new-key-1", "old-key-0")
+    assert secret_keys({"data": {"k": base64.b64encode(b"a,b").decode()}}, "k") == ("a", "b")
+    assert secret_keys({"data": {}}, "k") == ()
 
 
 def test_network_policy_lets_only_the_operator_reach_the_admin_port(gpu_mdd) -> None:

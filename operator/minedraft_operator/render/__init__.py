@@ -2,7 +2,7 @@
 
 The chart's tests call `render` on the example resources; the operator applies its output. The
 admin key Secret the operator generates is not rendered here (its value is random, made once:
-see sync.ensure_admin_key), only referenced.
+see admin_secret.admin_keys), only referenced as a mounted volume.
 """
 
 from __future__ import annotations

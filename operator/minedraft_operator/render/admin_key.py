@@ -11,7 +11,6 @@ from typing import Any
 from minedraft_operator.render.names import metadata
 from minedraft_operator.spec import DeploymentSpec
 
-ADMIN_KEY_ENV = "MINEDRAFT_ADMIN_API_KEY"  # what the batch manager reads (server_flags.py)
 GENERATED_KEY = "admin-api-key"
 COMPONENT = "admin-key"
 
@@ -30,10 +29,6 @@ def admin_key_ref(spec: DeploymentSpec) -> SecretKey:
     return SecretKey(f"{spec.name}-admin-key", GENERATED_KEY, generated=True)
 
 
-def env_entry(ref: SecretKey) -> dict[str, Any]:
-    return {"name": ADMIN_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-
-
 def new_key() -> str:
     """256 random bits, URL-safe (a header value without escaping)."""
     return secrets.token_urlsafe(32)
@@ -47,10 +42,13 @@ def generated_secret(spec: DeploymentSpec, value: str) -> dict[str, Any]:
             "type": "Opaque", "immutable": True, "data": {ref.key: base64.b64encode(value.encode()).decode()}}
 
 
-def secret_value(secret: dict[str, Any], key: str) -> str | None:
-    """The key's value in a Secret as the API returns it (base64 `data`), None when absent or empty."""
+def secret_keys(secret: dict[str, Any], key: str) -> tuple[str, ...]:
+    """The keys in a Secret's value as the API returns it (base64 `data`), read as the batch manager
+    reads its key file: one per line or comma-separated, `#` comments. Several keys = a rotation in
+    progress (new first, then old): the batch managers accept each. Empty when absent or blank."""
     raw = secret.get("data", {}).get(key)
     if not raw:
-        return None
-    value = base64.b64decode(raw).decode().strip()
-    return value or None
+        return ()
+    text = base64.b64decode(raw).decode()
+    return tuple(k.strip() for line in text.splitlines() if not line.lstrip().startswith("#")
+                 for k in line.split(",") if k.strip())

@@ -6,9 +6,8 @@ import math
 from typing import Any
 
 from minedraft_operator.policy import default_policy_env
-from minedraft_operator.render.admin_key import admin_key_ref
-from minedraft_operator.render.admin_key import env_entry as admin_key_env
 from minedraft_operator.render.gpu import GpuSlot, layout
+from minedraft_operator.render.key_files import key_mounts
 from minedraft_operator.render.names import BATCH_MANAGER, DRAFT
 from minedraft_operator.spec import DeploymentSpec, Worker
 
@@ -147,14 +146,8 @@ def _manager_env(spec: DeploymentSpec) -> list[dict[str, Any]]:
     otlp = spec.raw["observability"].get("otlpEndpoint")
     if otlp:
         env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_SERVICE_NAME": f"minedraft-{spec.name}"})
-    out = env_list(env)
-    public = spec.raw.get("auth", {}).get("secretRef")
-    if public:
-        out.append({"name": "MINEDRAFT_API_KEY", "valueFrom": {"secretKeyRef": {"name": public["name"],
-                                                                             "key": public.get("key", "api-key")}}})
-    # Always a key on the admin API: the user's Secret, or the one the operator generates.
-    out.append(admin_key_env(admin_key_ref(spec)))
-    return out
+    # Keys as files of mounted Secrets (re-read when rotated): the admin key always, the public one if set.
+    return env_list(env) + [m.env_entry() for m in key_mounts(spec)]
 
 
 def batch_manager_container(spec: DeploymentSpec) -> dict[str, Any]:
@@ -171,6 +164,7 @@ def batch_manager_container(spec: DeploymentSpec) -> dict[str, Any]:
     ]
     c["resources"] = _resources(spec.raw["batchManager"].get("resources", {}), None)
     c["volumeMounts"] = _mounts(spec, [spec.target], shm=False)  # the tokenizer is the target's
+    c["volumeMounts"] += [m.container_mount() for m in key_mounts(spec)]
     # It listens only once both workers answered and the data plane formed: /health = ready. /health
     # turns 503 while the verifier is gone or the pod drains (out of the Service, not restarted);
     # liveness asks only whether the process answers.

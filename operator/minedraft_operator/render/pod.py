@@ -11,6 +11,7 @@ from minedraft_operator.render.containers import (
     verifier_containers,
 )
 from minedraft_operator.render.gpu import pod_claims
+from minedraft_operator.render.key_files import key_mounts
 from minedraft_operator.render.names import BATCH_MANAGER, SERVER, labels, metadata, selector
 from minedraft_operator.spec import DeploymentSpec, ModelSource
 
@@ -36,7 +37,7 @@ def volumes(spec: DeploymentSpec) -> list[dict[str, Any]]:
         volume = _model_volume(source)
         if volume is not None:
             out.append(volume)
-    return out
+    return out + [m.pod_volume() for m in key_mounts(spec)]
 
 
 def pod_template(spec: DeploymentSpec) -> dict[str, Any]:
