@@ -149,11 +149,14 @@ def _secret_key_ref(description: str, default_key: str) -> Schema:
 
 def _auth() -> Schema:
     return obj("API keys: of the public endpoints, and of the batch manager's admin API.", {
-        "secretRef": _secret_key_ref("Secret key holding the API key of the public endpoints (MINEDRAFT_API_KEY); "
-                                     "unset = no key.", "api-key"),
+        "secretRef": _secret_key_ref("Secret key holding the API key(s) of the public endpoints, one per line, "
+                                     "mounted read-only (MINEDRAFT_API_KEY_FILE): editing the Secret rotates the "
+                                     "key without a restart; unset = no key.", "api-key"),
         "adminSecretRef": _secret_key_ref(
-            "Secret key holding the admin API key (MINEDRAFT_ADMIN_API_KEY), which the operator sends with every "
-            "policy push; unset = the operator generates the Secret <name>-admin-key (owned by this resource).",
+            "Secret key holding the admin API key(s), one per line (new first while rotating), mounted read-only "
+            "(MINEDRAFT_ADMIN_API_KEY_FILE) and sent by the operator with every policy push; editing the Secret "
+            "rotates the key without a restart; unset = the operator generates the Secret <name>-admin-key "
+            "(owned by this resource).",
             "admin-api-key"),
     })
 
