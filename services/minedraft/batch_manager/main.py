@@ -145,7 +145,8 @@ async def serve(args: argparse.Namespace, config: ManagerConfig, options: Servin
     if args.admin_port:
         if not options.admin_keys and args.admin_host not in ("127.0.0.1", "::1", "localhost"):
             logging.warning("the admin API on %s:%d has no key: anyone who reaches it can change the policy "
-                            "(set MINEDRAFT_ADMIN_API_KEY)", args.admin_host, args.admin_port)
+                            "(set MINEDRAFT_ADMIN_API_KEY or MINEDRAFT_ADMIN_API_KEY_FILE)", args.admin_host,
+                            args.admin_port)
         servers.append(_http_server(build_admin_app(coordinator, options.admin_keys), args.admin_host,
                                     args.admin_port))
     tasks = [asyncio.create_task(s.serve()) for s in servers]
