@@ -133,18 +133,19 @@ def test_steps_that_compute_a_prompt_teach_acceptance_but_not_costs() -> None:
     plan.on_draft(1, 40.0)  # 3 and 4 likewise
     plan.on_verify(1, 4, [2, 2], 90.0)  # 1 and 2's first verify
     plan.on_verify(2, 4, [3, 1], 80.0)  # 3 and 4's
-    assert plan.adaptive.draft.by_k == {} and plan.adaptive.verify.by_k == {}
+    assert plan.adaptive.draft.buckets == {} and plan.adaptive.verify.buckets == {}
     assert sum(plan.adaptive.tried) > 0  # their verdicts still count
     plan.on_draft(2, 4.0)
     plan.on_verify(3, 4, [4, 0], 6.0)  # steady state: measured
-    assert plan.adaptive.draft.by_k == {4: 4.0} and plan.adaptive.verify.by_k == {4: 6.0}
+    draft_costs, verify_costs = plan.adaptive.draft.buckets, plan.adaptive.verify.buckets
+    assert draft_costs[0].by_k == {4: 4.0} and verify_costs[2].by_k == {4: 6.0}  # sizes: unknown, 2
     plan.for_plan(4, "auto", 4, True, draft_batch=[1, 2, 5], verify_batch=[3, 4], added=specs(5), removed=[])
     plan.on_draft(4, 30.0)  # 5's prompt rides along in the draft batch
-    assert plan.adaptive.draft.by_k == {4: 4.0}
+    assert draft_costs[0].by_k == {4: 4.0} and set(draft_costs) == {0}
     # A recovered draft service recomputes every prompt it is sent again.
     plan.for_plan(5, "auto", 4, True, draft_batch=[3, 4], verify_batch=[1, 2, 5], redrafted=specs(3, 4))
     plan.on_draft(5, 30.0)
-    assert plan.adaptive.draft.by_k == {4: 4.0}
+    assert draft_costs[0].by_k == {4: 4.0} and set(draft_costs) == {0}
 
 
 class TimedVerifier(FakeVerifier):

@@ -46,25 +46,24 @@ class OnDevice:
         return info
 
 
-def test_draft_service_on_the_verifier_gpu_is_refused_at_start_up(tmp_path: Path) -> None:
-    tokenizer = word_tokenizer(tmp_path / "tok")
+def pair_on_gpus(tmp_path: Path, verifier_gpu: str, draft_gpu: str) -> tuple[Coordinator, FakeDraft]:
+    """A PSD manager over fake workers that report these GPU UUIDs."""
     verifier, draft = fake_pair(lambda seq, step: 99)
     assert draft is not None
-    verifier.info = OnDevice(verifier, f"cuda:0 {UUID_A}").info  # type: ignore[method-assign]
-    draft.info = OnDevice(draft, f"cuda:0 {UUID_A}").info  # type: ignore[method-assign]
-    coordinator = Coordinator(tokenizer, "fake", verifier, draft, ManagerConfig(mode="psd"))
+    verifier.info = OnDevice(verifier, f"cuda:0 {verifier_gpu}").info  # type: ignore[method-assign]
+    draft.info = OnDevice(draft, f"cuda:0 {draft_gpu}").info  # type: ignore[method-assign]
+    return Coordinator(word_tokenizer(tmp_path / "tok"), "fake", verifier, draft, ManagerConfig(mode="psd")), draft
+
+
+def test_draft_service_on_the_verifier_gpu_is_refused_at_start_up(tmp_path: Path) -> None:
+    coordinator, draft = pair_on_gpus(tmp_path, UUID_A, UUID_A)
     with pytest.raises(ModelLoadError, match=r"draft service runs on the verifier's GPU.*--colocated-draft"):
         asyncio.run(coordinator.start(connect_timeout=2))
     assert draft.setups == []  # refused before any data plane was tried
 
 
 def test_draft_service_on_another_gpu_forms_the_data_plane(tmp_path: Path) -> None:
-    tokenizer = word_tokenizer(tmp_path / "tok")
-    verifier, draft = fake_pair(lambda seq, step: 99)
-    assert draft is not None
-    verifier.info = OnDevice(verifier, f"cuda:0 {UUID_A}").info  # type: ignore[method-assign]
-    draft.info = OnDevice(draft, f"cuda:0 {UUID_B}").info  # type: ignore[method-assign]
-    coordinator = Coordinator(tokenizer, "fake", verifier, draft, ManagerConfig(mode="psd"))
+    coordinator, _ = pair_on_gpus(tmp_path, UUID_A, UUID_B)
 
     async def start_and_stop() -> str:
         await coordinator.start(connect_timeout=2)

@@ -82,12 +82,6 @@ class BucketedCosts:
         table = self.table(batch)
         return None if table is None else table.estimate(k, grows_with_k)
 
-    @property
-    def by_k(self) -> dict[int, float]:
-        """The most recently measured bucket's costs by k."""
-        table = self.table()
-        return dict(table.by_k) if table is not None else {}
-
 
 @dataclass(slots=True)
 class AdaptiveK:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from minedraft.engine.drafter import Drafter
-from minedraft.engine.readback import device_start
+from minedraft.engine.readback import device_mark, elapsed_ms
 from minedraft.proto import control_pb2
 from minedraft.worker.data_plane import DRAFT_RANK, DataPlane, DataPlaneError, DraftPayload, PlaneOwner, setup_timeout_s
 from minedraft.worker.info import worker_info
@@ -77,17 +77,16 @@ class DraftExecutor(PlaneOwner):
             ids = list(plan.draft_batch) if plan.with_drafts else []
             timing.batch = len(ids)
             if ids and self.plane is not None:
-                started = device_start(self.device)
+                started = device_mark(self.device)
                 with timed(timing, "compute_ms"):
                     proposal = self.worker.propose(ids, plan.k)
-                finished = device_start(self.device)
+                finished = device_mark(self.device)
                 # Queued behind the draft's kernels: the send's host work overlaps them.
                 with timed(timing, "send_ms"):
                     self.plane.send_drafts(DraftPayload(plan.step, ids, proposal.tokens, proposal.probs))
                 with timed(timing, "compute_ms"):
                     wait_for_device(proposal.tokens)
-                if started is not None and finished is not None:
-                    timing.device_ms = started.elapsed_time(finished)
+                timing.device_ms = elapsed_ms(started, finished)
         except DataPlaneError as exc:
             log.warning("verifier lost at step %d: %s", plan.step, exc)
             self._drop_plane()

@@ -37,15 +37,18 @@ class Readback:
 
     def device_ms(self) -> float:
         """GPU time from `started` to the copy (0 without a start or on the CPU); call after `tolist`."""
-        if self.started is None or self.event is None:
-            return 0.0
-        return self.started.elapsed_time(self.event)
+        return elapsed_ms(self.started, self.event)
 
 
-def device_start(device: torch.device) -> torch.cuda.Event | None:
+def device_mark(device: torch.device) -> torch.cuda.Event | None:
     """A timing event recorded now on the current stream (None on the CPU)."""
     if device.type != "cuda":
         return None
     event = torch.cuda.Event(enable_timing=True)
     event.record()
     return event
+
+
+def elapsed_ms(start: torch.cuda.Event | None, end: torch.cuda.Event | None) -> float:
+    """GPU time between two completed marks (0 where either is missing: the CPU)."""
+    return start.elapsed_time(end) if start is not None and end is not None else 0.0

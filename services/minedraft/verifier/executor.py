@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from minedraft.engine.drafter import Proposal
-from minedraft.engine.readback import Readback, device_start
+from minedraft.engine.readback import Readback, device_mark
 from minedraft.engine.transfer import to_device
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
@@ -164,7 +164,7 @@ class VerifierExecutor(PlaneOwner):
             proposal = align_drafts(payload, ids) if payload is not None and plan.with_drafts else None
             if self.followers is not None:
                 self.followers.send(KIND_PLAN, plan, proposal)
-            started = device_start(self.device) if self.colocated is None else None
+            started = device_mark(self.device) if self.colocated is None else None
             with timed(timing, "compute_ms"):
                 verdict = self.worker.judge(ids, proposal)
             # The verdict leaves while the GPU still computes it: the send's host work (frame, NCCL
@@ -229,7 +229,7 @@ class VerifierExecutor(PlaneOwner):
                 if posted is None:
                     return
                 header = Readback(posted.header)  # ready when the drafts are, before the verify runs
-                started = device_start(self.device)  # the verify's GPU time starts once its drafts are in
+                started = device_mark(self.device)  # the verify's GPU time starts once its drafts are in
                 apply_membership(self.worker, nxt)
                 verdict = self.worker.judge(next_ids, Proposal(posted.tokens, None))
         except DataPlaneError as exc:

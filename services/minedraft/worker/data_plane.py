@@ -9,7 +9,6 @@ next send, so neither side blocks on the other's receive.
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,7 +24,6 @@ VERIFIER_RANK = 0
 DRAFT_RANK = 1
 _HEADER = 6  # step, batch, k, has_probs, vocab, body length
 _FRAME = 8192  # int64 slots of a payload's first message (64 KiB): ~900 sequences at k = 6
-MAX_CTAS_ENV = "MINEDRAFT_DATA_PLANE_MAX_CTAS"
 
 
 class DataPlaneError(MinedraftError):
@@ -64,19 +62,6 @@ class VerdictPayload:
     accepted: torch.Tensor  # [B]
 
 
-def nccl_options(backend: str) -> object | None:
-    """With MINEDRAFT_DATA_PLANE_MAX_CTAS=N, the data plane's NCCL communicators may use at most N
-    thread blocks: a send or receive waiting for its peer then holds N SMs instead of NCCL's default,
-    which the model running beside it on the same GPU gets back."""
-    value = os.environ.get(MAX_CTAS_ENV, "")
-    if backend != "nccl" or not value:
-        return None
-    options = dist.ProcessGroupNCCL.Options()
-    options.config.min_ctas = 1
-    options.config.max_ctas = int(value)
-    return options
-
-
 def host_store(host: str, port: int, timeout_s: float = 30.0) -> dist.TCPStore:
     """The verifier's long-lived rendezvous store, listening on `host` only (port 0 picks a free port).
 
@@ -112,7 +97,6 @@ class DataPlane:
         self._posted: tuple[torch.Tensor, dist.Work] | None = None  # a draft frame's receive, queued early
         report = nccl_log() if backend == "nccl" else None
         report_start = report.mark() if report is not None else 0
-        options = nccl_options(backend)
         try:
             dist.init_process_group(
                 backend,
@@ -120,12 +104,10 @@ class DataPlane:
                 rank=rank,
                 world_size=2,
                 timeout=timedelta(seconds=timeout_s),
-                pg_options=options,
             )
             # One group per direction: with NCCL each group has its own stream, so a verdict
             # travelling one way never queues behind a draft payload travelling the other.
-            self.groups = {"drafts": dist.new_group([0, 1], pg_options=options),
-                           "verdicts": dist.new_group([0, 1], pg_options=options)}
+            self.groups = {"drafts": dist.new_group([0, 1]), "verdicts": dist.new_group([0, 1])}
             self._connect_channels()
         except Exception as exc:  # the peer never arrived
             raise DataPlaneError(f"data plane epoch {epoch} did not form: {exc}") from exc
