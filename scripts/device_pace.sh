@@ -11,19 +11,22 @@ OUT="${OUT:-$PWD/device_out}"; TP="${TP:-1}"; B=minedraft.bench.gpu
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || { echo "wheels"; exit 3; }
 export PYTHONPATH="/tmp/site:$PWD/services:$PWD"
-timeout 150 python3 -m pytest -rs -p no:cacheprovider -s tests/gpu/test_engine_on_cuda.py > "$OUT/engine_check.txt" 2>&1
-echo "engine tests exit $?"; tail -1 "$OUT/engine_check.txt"
+timeout 150 python3 -m pytest -rs -p no:cacheprovider -s tests/gpu/test_engine_on_cuda.py tests/gpu/test_draft_ahead_on_cuda.py > "$OUT/engine_check.txt" 2>&1
+RC=$?; echo "engine tests exit $RC"; tail -1 "$OUT/engine_check.txt"
+[ "$RC" = 0 ] || [ -n "${KEEP_GOING:-}" ] || exit 4  # an engine that is not exact is not worth timing
 GPUS=$(nvidia-smi -L | wc -l)
-if [ "$GPUS" -ge 2 ]; then  # where a TP=2 step's time goes: both ranks profiled, AR at m = 16
+if [ "$GPUS" -ge 2 ] && [ "${TP_PROBE:-1}" = 1 ]; then  # where a TP=2 step's time goes: both ranks profiled, AR at m = 16
   timeout 120 python3 -m $B.anatomy_probe --out /tmp/tp_probe --tp-size 2 --ar-only --points 4x16,4x32 \
     --steps 30 --variant tp2 > "$OUT/tp_probe.log" 2>&1; echo "tp probe exit $?"
 fi
 if [ "$GPUS" -gt "$TP" ]; then
-  timeout 150 python3 -m $B.anatomy_probe --out /tmp/probe --tp-size "$TP" --points 6x16,4x16,4x64 --steps 30 \
-    --variant on --variant off:MINEDRAFT_LAUNCH_AHEAD=off > "$OUT/probe.log" 2>&1; echo "probe exit $?"
-  timeout 270 python3 -m $B.placement_sweep --out /tmp/sweep --tp-size "$TP" --acceptance 0.7,0.5,0.9 --ks 4,6 \
-    --ms 8,16,32,64 --small-ks 4,6 --small-ms 16,64 --auto-ms 16,32 --reps 2 --deadline-s 240 \
-    > "$OUT/sweep.log" 2>&1; echo "sweep exit $?"
+  # "on": both workers launch ahead (the GPU default); "vonly": the draft service reads verdicts on the host.
+  timeout "${PROBE_S:-150}" python3 -m $B.anatomy_probe --out /tmp/probe --tp-size "$TP" \
+    --points "${PROBE_POINTS:-6x16,6x8,4x16}" --steps 30 \
+    --variant on --variant vonly:draft/MINEDRAFT_LAUNCH_AHEAD=off > "$OUT/probe.log" 2>&1; echo "probe exit $?"
+  timeout "${SWEEP_S:-270}" python3 -m $B.placement_sweep --out /tmp/sweep --tp-size "$TP" \
+    --acceptance "${LEVELS:-0.7,0.5,0.9}" --ks 4,6 --ms 8,16,32,64 --small-ks 4,6 --small-ms 16,64 --auto-ms 16,32 \
+    --reps 2 --deadline-s "$(( ${SWEEP_S:-270} - 30 ))" > "$OUT/sweep.log" 2>&1; echo "sweep exit $?"
   cp /tmp/sweep/results.json "$OUT/sweep_results.json"; cp /tmp/sweep/results.md "$OUT/sweep_results.md"
 fi
 (cd /tmp && tar czf "$OUT/traces.tgz" probe/on/*.trace.json tp_probe/tp2/*.trace.json 2>/dev/null)

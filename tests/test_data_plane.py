@@ -7,7 +7,16 @@ import multiprocessing as mp
 import torch
 import torch.distributed as dist
 
-from minedraft.worker.data_plane import DRAFT_RANK, VERIFIER_RANK, DataPlane, DraftPayload, VerdictPayload, host_store
+from minedraft.worker.data_plane import (
+    DRAFT_RANK,
+    VERIFIER_RANK,
+    DataPlane,
+    DraftPayload,
+    VerdictPayload,
+    expected_verdict_header,
+    split_verdict_frame,
+)
+from minedraft.worker.rendezvous import host_store
 
 
 def payloads(batch: int, k: int, sampled: bool) -> tuple[DraftPayload, VerdictPayload]:
@@ -30,7 +39,16 @@ def draft_side(port: int, queue: mp.Queue) -> None:
     for batch, k, sampled in CASES:
         drafts, verdict = payloads(batch, k, sampled)
         plane.send_drafts(drafts)
-        got = plane.recv_verdict()
+        plane.post_verdict_receive()  # as the draft service does with launch-ahead
+        if plane.can_take_verdict(batch, k):  # read as device views, then back on the host
+            posted = plane.take_posted_verdict(batch, k)
+            assert posted is not None
+            header, accepted, rows = split_verdict_frame(posted.frame.tolist(), batch, k)
+            ok &= header == expected_verdict_header(verdict.step, verdict.seq_ids, k)
+            ok &= accepted == verdict.accepted.tolist() and rows == verdict.tokens.tolist()
+            ok &= torch.equal(posted.accepted, verdict.accepted) and torch.equal(posted.tokens, verdict.tokens)
+            continue
+        got = plane.recv_verdict()  # too big for one frame: the posted frame, then the rest
         ok &= got.step == verdict.step and got.seq_ids == verdict.seq_ids
         ok &= torch.equal(got.tokens, verdict.tokens) and torch.equal(got.accepted, verdict.accepted)
     plane.close()

@@ -63,7 +63,8 @@ def test_only_lines_appended_since_the_mark_count(tmp_path: Path) -> None:
 
 
 def _nccl_rank(rank: int, port: int, out: mp.Queue) -> None:
-    from minedraft.worker.data_plane import DataPlane, host_store
+    from minedraft.worker.data_plane import DataPlane
+    from minedraft.worker.rendezvous import host_store
 
     torch.cuda.set_device(rank)
     import torch.distributed as dist

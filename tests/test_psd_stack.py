@@ -21,10 +21,11 @@ NUM_BLOCKS = 1024
 @pytest.fixture(scope="module")
 def stack(random_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory):
     target, draft = random_pair
-    # The verifier launches PSD verifies ahead (the GPU default) here too, so every test below runs that path.
+    # Both workers launch ahead (the GPU default) here too, so every test below runs those paths.
     cfg = StackConfig(target=str(target), draft=str(draft), grpc_port=free_port(), http_port=free_port(), k=3,
                       num_blocks=NUM_BLOCKS, log_dir=tmp_path_factory.mktemp("logs"),
-                      process_env={"verifier": {"MINEDRAFT_LAUNCH_AHEAD": "on"}})
+                      process_env={"verifier": {"MINEDRAFT_LAUNCH_AHEAD": "on"},
+                                   "draft": {"MINEDRAFT_LAUNCH_AHEAD": "on"}})
     s = LocalStack(cfg)
     s.start(timeout=120)
     yield s
@@ -77,6 +78,7 @@ def test_32_concurrent_streaming_clients_get_exact_greedy_tokens(stack, random_p
     assert after["psd"] > before["psd"], "both batches should have been busy at once"
     assert stack.cfg.log_dir is not None
     assert "verifies are launched ahead" in (stack.cfg.log_dir / "verifier.log").read_text()
+    assert "drafts are launched from verdicts on the device" in (stack.cfg.log_dir / "draft.log").read_text()
 
 
 def test_single_request_runs_standard_sd(stack, random_pair) -> None:

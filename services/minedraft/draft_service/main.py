@@ -27,7 +27,8 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     from minedraft.worker.process import prepare_process, run_worker
 
     def make_executor(runner: ModelRunner) -> DraftExecutor:
-        return DraftExecutor(Drafter(runner))
+        launch_ahead = args.launch_ahead == "on" or (args.launch_ahead == "auto" and runner.device.type == "cuda")
+        return DraftExecutor(Drafter(runner), launch_ahead)
 
     prepare_process(args, "draft service")
     return run_worker(args, "draft service", make_executor, load=load or load_model)

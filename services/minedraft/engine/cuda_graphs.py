@@ -83,6 +83,26 @@ class GraphCache:
         step.graph.replay()
         return step.logits[:batch].clone()
 
+    def replay_on_device(
+        self, ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor, tables: torch.Tensor, last_n: int
+    ) -> torch.Tensor:
+        """`replay` with starts and query lengths already on the device (copied device to device);
+        only the host's block tables travel through pinned memory."""
+        batch, width = ids.shape
+        bucket = self.bucket(batch)
+        assert bucket is not None
+        key = (bucket, width, last_n)
+        step = self.steps.get(key) or self._capture(key)
+        host = torch.zeros(batch * self.max_blocks_per_seq, dtype=torch.long, pin_memory=True)
+        host.view(batch, -1)[:, : tables.shape[1]] = tables
+        step.meta[: 2 * bucket].zero_()  # rows past the batch: zero-length queries
+        step.meta[:batch].copy_(starts)
+        step.meta[bucket : bucket + batch].copy_(query_lens)
+        step.meta[2 * bucket : 2 * bucket + host.shape[0]].copy_(host, non_blocking=True)
+        step.ids[:batch].copy_(ids)
+        step.graph.replay()
+        return step.logits[:batch].clone()
+
     def _capture(self, key: tuple[int, int, int]) -> CapturedStep:
         bucket, width, last_n = key
         device = self.device

@@ -82,6 +82,20 @@ class ModelRunner:
         lens_t = torch.tensor(query_lens, dtype=torch.long)
         return self.run(ids, self.to_device(start_t), self.to_device(lens_t), self.to_device(tables), last_n)
 
+    def forward_on_device(
+        self, seq_ids: list[int], ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor,
+        reserve: list[int], last_n: int,
+    ) -> torch.Tensor:
+        """Like `forward_ids` with starts and query lengths that only the device knows yet (computed
+        from a verdict still in flight); `reserve[b]` bounds row b's last position + 1, so its KV
+        blocks exist before the step is queued."""
+        for seq_id, limit in zip(seq_ids, reserve, strict=True):
+            self.cache.allocator.ensure(seq_id, limit)
+        tables = self.cache.block_table_tensor(seq_ids, "cpu")
+        if self.graphs is not None and self.graphs.can_replay(len(seq_ids), ids.shape[1], last_n, tables.shape[1]):
+            return self.graphs.replay_on_device(ids, starts, query_lens, tables, last_n)
+        return self.run(ids, starts, query_lens, self.to_device(tables), last_n)
+
     @torch.inference_mode()
     def run(
         self,

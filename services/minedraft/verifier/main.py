@@ -58,8 +58,8 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     from minedraft.engine.runner import ModelRunner
     from minedraft.engine.verifier import Verifier
     from minedraft.verifier.executor import VerifierExecutor, follow
-    from minedraft.worker.data_plane import host_store
     from minedraft.worker.process import load_runner, prepare_process, run_worker
+    from minedraft.worker.rendezvous import host_store
     from minedraft.worker.tp_group import KIND_STOP, StepBroadcast, join_tp_group
 
     load = load or load_model

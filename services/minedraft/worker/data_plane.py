@@ -9,7 +9,6 @@ next send, so neither side blocks on the other's receive.
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -55,25 +54,30 @@ def expected_header(step: int, seq_ids: list[int], k: int) -> list[int]:
 
 
 @dataclass(slots=True)
+class PostedVerdict:
+    frame: torch.Tensor  # the used part of the frame on the device: header, sequence ids, accepted, tokens
+    accepted: torch.Tensor  # [B] and [B, k+1] (-1 padded) views, valid once the stream reaches them
+    tokens: torch.Tensor
+
+
+def expected_verdict_header(step: int, seq_ids: list[int], k: int) -> list[int]:
+    """What a posted verdict frame's header must hold for a verdict on these sequences."""
+    return [step, len(seq_ids), k, 0, 0, len(seq_ids) * (k + 3), *seq_ids]
+
+
+def split_verdict_frame(frame: list[int], batch: int, k: int) -> tuple[list[int], list[int], list[list[int]]]:
+    """A posted verdict frame read back: its header with the sequence ids, accepted counts, token rows."""
+    body = frame[_HEADER + batch :]
+    rows = [body[batch + i * (k + 1) : batch + (i + 1) * (k + 1)] for i in range(batch)]
+    return frame[: _HEADER + batch], body[:batch], rows
+
+
+@dataclass(slots=True)
 class VerdictPayload:
     step: int
     seq_ids: list[int]
     tokens: torch.Tensor  # [B, k+1], -1 padded (received: on the host)
     accepted: torch.Tensor  # [B]
-
-
-def host_store(host: str, port: int, timeout_s: float = 30.0) -> dist.TCPStore:
-    """The verifier's long-lived rendezvous store, listening on `host` only (port 0 picks a free port).
-
-    torch's TCPStore server binds every interface whatever host it is given, so the socket is
-    bound here and handed over (`master_listen_fd`): with the default 127.0.0.1 nothing outside
-    the machine (the pod) can reach it. `store.port` is the port it really listens on.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=128)
-    bound = sock.getsockname()[1]
-    return dist.TCPStore(host, bound, world_size=None, is_master=True, timeout=timedelta(seconds=timeout_s),
-                         wait_for_workers=False, master_listen_fd=sock.detach())
 
 
 class DataPlane:
@@ -94,7 +98,7 @@ class DataPlane:
         self.backend = backend
         self._pending: list[dist.Work] = []
         self._keep: list[torch.Tensor] = []
-        self._posted: tuple[torch.Tensor, dist.Work] | None = None  # a draft frame's receive, queued early
+        self._posted: dict[str, tuple[torch.Tensor, dist.Work]] = {}  # a frame's receive per channel, queued early
         report = nccl_log() if backend == "nccl" else None
         report_start = report.mark() if report is not None else 0
         try:
@@ -166,11 +170,22 @@ class DataPlane:
         the stream (it starts once the verify kernels are done, so it takes no SMs from them, and finds
         the drafts waiting); `recv_drafts` or `take_posted_drafts` then only wait for it. An unanswered
         one dies with the process group (`close`)."""
-        if self._posted is not None:
+        self._post_receive("drafts")
+
+    def post_verdict_receive(self) -> None:
+        """The draft service's twin of `post_drafts_receive` (read by `recv_verdict` or `take_posted_verdict`)."""
+        self._post_receive("verdicts")
+
+    def can_take_verdict(self, batch: int, k: int) -> bool:
+        """Whether `take_posted_verdict` will give a verdict of `batch` rows of width k + 1."""
+        return "verdicts" in self._posted and batch * (k + 3) <= _FRAME - _HEADER
+
+    def _post_receive(self, channel: str) -> None:
+        if channel in self._posted:
             return
         frame = torch.empty(_FRAME, dtype=torch.int64, device=self.device)
         try:
-            self._posted = (frame, dist.irecv(frame, self.peer, group=self.groups["drafts"]))
+            self._posted[channel] = (frame, dist.irecv(frame, self.peer, group=self.groups[channel]))
         except Exception as exc:
             raise DataPlaneError(f"receive from peer failed: {exc}") from exc
 
@@ -179,17 +194,25 @@ class DataPlane:
         host (launch-ahead): its tokens [batch, k] (the stream waits for the receive, the host does
         not) and its header + sequence ids, which the caller checks once it reads them back. None when
         no receive is posted or the payload would not fit one frame."""
-        if self._posted is None or batch + batch * k > _FRAME - _HEADER:
+        if "drafts" not in self._posted or batch + batch * k > _FRAME - _HEADER:
             return None
-        frame = self._claim_posted()
+        frame = self._claim_posted("drafts")
         tokens = frame[_HEADER + batch : _HEADER + batch + batch * k].view(batch, k)
         return PostedDrafts(tokens, frame[: _HEADER + batch])
 
-    def _claim_posted(self) -> torch.Tensor:
+    def take_posted_verdict(self, batch: int, k: int) -> PostedVerdict | None:
+        """The posted verdict frame as device views (accepted counts, token rows, header), for drafts
+        queued before the verdict is read on the host; None when no receive is posted or a verdict of
+        `batch` rows of width k + 1 would not fit one frame."""
+        if not self.can_take_verdict(batch, k):
+            return None
+        frame = self._claim_posted("verdicts")[: _HEADER + batch * (k + 3)]
+        accepted, tokens = frame[_HEADER + batch : _HEADER + 2 * batch], frame[_HEADER + 2 * batch :]
+        return PostedVerdict(frame, accepted, tokens.view(batch, k + 1))
+
+    def _claim_posted(self, channel: str) -> torch.Tensor:
         """The posted frame, once its receive is waited on (NCCL: by the stream; gloo: by this thread)."""
-        assert self._posted is not None
-        frame, work = self._posted
-        self._posted = None
+        frame, work = self._posted.pop(channel)
         try:
             work.wait()
         except Exception as exc:
@@ -197,9 +220,9 @@ class DataPlane:
         return frame
 
     def _take_frame(self, channel: str) -> torch.Tensor:
-        if channel != "drafts" or self._posted is None:
+        if channel not in self._posted:
             return self._recv((_FRAME,), torch.int64, channel)
-        return self._claim_posted()
+        return self._claim_posted(channel)
 
     def _recv_frame(self, channel: str) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """(header, the body on the host, the body on the device): one copy to the host."""
@@ -217,7 +240,6 @@ class DataPlane:
 
     def _ids(self, seq_ids: list[int]) -> torch.Tensor:
         return to_device(torch.tensor(seq_ids, dtype=torch.int64), self.device)
-
     def send_drafts(self, payload: DraftPayload) -> None:
         batch, k = payload.tokens.shape
         probs = payload.probs
@@ -244,7 +266,7 @@ class DataPlane:
                               host[batch : 2 * batch])
 
     def close(self) -> None:
-        self._posted = None  # an unanswered receive dies with the communicator below
+        self._posted.clear()  # an unanswered receive dies with the communicator below
         try:
             for work in self._pending:
                 work.wait()

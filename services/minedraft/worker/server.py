@@ -101,7 +101,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
         idle_since: float | None = None
         inbox = Inbox(messages)
         if hasattr(self.executor, "upcoming"):
-            self.executor.upcoming = inbox.next_plan  # the verifier may launch the next plan ahead
+            self.executor.upcoming = inbox.next_plan  # either worker may launch the next plan ahead
         try:
             while (msg := inbox.get()) is not None:
                 kind = msg.WhichOneof("body")

@@ -47,6 +47,11 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                         help="bind address of --metrics-port (default: --host) [MINEDRAFT_METRICS_HOST]")
     parser.add_argument("--trace-step-every", type=int, default=int(env("TRACE_STEP_EVERY", "100")),
                         help="with tracing on (OTEL_*), one step span per this many steps [MINEDRAFT_TRACE_STEP_EVERY]")
+    parser.add_argument("--launch-ahead", choices=("auto", "on", "off"), default=env("LAUNCH_AHEAD", "auto"),
+                        help="queue the next PSD step on the device before this one's result is read back: the "
+                             "verifier's next verify, the draft's next drafts from a verdict still on the device "
+                             "(verifier/ and draft_service/launch_ahead.py); auto = on for a GPU "
+                             "[MINEDRAFT_LAUNCH_AHEAD]")
     if role == "verifier":
         parser.add_argument("--tp-size", type=int, default=int(env("TP_SIZE", "1")),
                             help="tensor-parallel ranks of the verifier [MINEDRAFT_TP_SIZE]")
@@ -56,9 +61,6 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                             help="host:port of rank 0's tensor-parallel rendezvous [MINEDRAFT_TP_ADDR]")
         parser.add_argument("--data-port", type=int, default=int(env("DATA_PORT", "0")),
                             help="data-plane rendezvous port, 0 = any free [MINEDRAFT_DATA_PORT]")
-        parser.add_argument("--launch-ahead", choices=("auto", "on", "off"), default=env("LAUNCH_AHEAD", "auto"),
-                            help="queue the next PSD verify on the device before reading this one back "
-                                 "(verifier/launch_ahead.py); auto = on for a GPU [MINEDRAFT_LAUNCH_AHEAD]")
         parser.add_argument("--colocated-draft", default=env("COLOCATED_DRAFT", ""),
                             help="draft model folder to load on this verifier's (rank 0's) GPU and run standard SD "
                                  "without a draft service; empty = drafts come from a draft service "

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from minedraft.engine.drafter import Proposal
 from minedraft.engine.tensor_parallel import TPContext
 from minedraft.proto import control_pb2
-from minedraft.worker.data_plane import host_store
+from minedraft.worker.rendezvous import host_store
 
 KIND_PLAN = 1
 KIND_RESET = 2

@@ -1,7 +1,8 @@
 """`python -m minedraft.bench.gpu.anatomy_probe`: why a verify (or a draft) is slower inside PSD.
 
 Issue 13 item 1. On split stacks (verifier on GPU 0, draft service on GPU 1, NCCL data plane), each
-started with its own environment (a *variant*: `name` or `name:VAR=value,VAR=value`), this times SD
+started with its own environment (a *variant*: `name` or `name:VAR=value,draft/VAR=value`, where
+`process/VAR` sets a variable for one process only), this times SD
 with the draft on its own GPU and PSD m+m at one (k, m) as the placement sweep does, then opens a
 torch.profiler window of `--steps` steps on both workers for one more run of each and summarises
 the traces (trace_summary.py): the same batch's verify in SD and inside PSD, kernel by kernel.
@@ -29,10 +30,16 @@ from minedraft.cli.local_stack import LocalStack
 from minedraft.worker.torch_profile import DIR_ENV
 
 
-def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+def parse_variant(text: str) -> tuple[str, dict[str, str], dict[str, dict[str, str]]]:
+    """(name, environment of every process, environment by process name)."""
     name, _, assignments = text.partition(":")
-    env = dict(item.split("=", 1) for item in assignments.split(",") if item)
-    return name, env
+    env: dict[str, str] = {}
+    by_process: dict[str, dict[str, str]] = {}
+    for item in filter(None, assignments.split(",")):
+        key, value = item.split("=", 1)
+        process, _, var = key.rpartition("/")
+        (by_process.setdefault(process, {}) if process else env)[var] = value
+    return name, env, by_process
 
 
 def parse_points(text: str) -> list[tuple[int, int]]:
@@ -42,7 +49,8 @@ def parse_points(text: str) -> list[tuple[int, int]]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m minedraft.bench.gpu.anatomy_probe", description=__doc__)
     p.add_argument("--out", default="probe_out")
-    p.add_argument("--variant", action="append", default=[], help="name[:VAR=value,...], one split stack each")
+    p.add_argument("--variant", action="append", default=[],
+                   help="name[:VAR=value,process/VAR=value,...], one split stack each")
     p.add_argument("--acceptance", type=float, default=0.7)
     p.add_argument("--points", type=parse_points, default=[(4, 16)], help="k x m cells, e.g. 4x16,6x16")
     p.add_argument("--steps", type=int, default=30, help="steps in each profiling window (first cell only; 0: none)")
@@ -88,10 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     prompts = random_prompts(2 * widest, seed=13)
     stacks: dict[str, tuple[LocalStack, Path]] = {}
     for text in args.variant or ["base"]:
-        name, env = parse_variant(text)
+        name, env, by_process = parse_variant(text)
         folder = (out / name).resolve()
         stack = (colocated_stack if args.ar_only else split_stack)(pair, args.num_blocks, 2 * widest, args.tp_size)
-        stack.cfg = replace(stack.cfg, extra_env={**stack.cfg.extra_env, **env, DIR_ENV: str(folder)})
+        process_env = {proc: {**stack.cfg.process_env.get(proc, {}), **extra} for proc, extra in by_process.items()}
+        stack.cfg = replace(stack.cfg, extra_env={**stack.cfg.extra_env, **env, DIR_ENV: str(folder)},
+                            process_env={**stack.cfg.process_env, **process_env})
         stacks[name] = (stack, folder)
     results: dict = {"args": vars(args), "variants": {}}
     roles = ["verifier", *(f"verifier-tp{r}" for r in range(1, args.tp_size))] + ([] if args.ar_only else ["draft"])

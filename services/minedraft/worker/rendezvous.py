@@ -1,0 +1,22 @@
+"""The verifier's rendezvous store, shared by the data plane (every epoch) and the tensor-parallel group."""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+
+import torch.distributed as dist
+
+
+def host_store(host: str, port: int, timeout_s: float = 30.0) -> dist.TCPStore:
+    """The verifier's long-lived rendezvous store, listening on `host` only (port 0 picks a free port).
+
+    torch's TCPStore server binds every interface whatever host it is given, so the socket is
+    bound here and handed over (`master_listen_fd`): with the default 127.0.0.1 nothing outside
+    the machine (the pod) can reach it. `store.port` is the port it really listens on.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=128)
+    bound = sock.getsockname()[1]
+    return dist.TCPStore(host, bound, world_size=None, is_master=True, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False, master_listen_fd=sock.detach())
