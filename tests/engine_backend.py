@@ -45,6 +45,7 @@ class _Handle:
 @dataclass(frozen=True, slots=True)
 class _Abort:
     handle: _Handle
+    notify: bool = False  # the deadline passed: the stream gets a last chunk with all the text produced
 
 
 class _Wake:
@@ -124,7 +125,8 @@ class EngineBackend:
 
     # ----- API side (event loop threads) -----
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> RequestStream:
+    def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                 deadline: float | None = None) -> RequestStream:
         """Admit a request now; raises InvalidRequestError or QueueFullError before any chunk."""
         self._check_alive()
         validate_request(prompt_ids, params, self.max_context, self.engine.target.vocab_size)
@@ -139,6 +141,8 @@ class EngineBackend:
             self._live += 1
         handle = _Handle(request_id, list(prompt_ids), params, asyncio.get_running_loop())
         self._commands.put(handle)
+        if deadline is not None:
+            handle.loop.call_at(deadline, self._commands.put, _Abort(handle, notify=True))
         return RequestStream(self, handle)
 
     def status(self) -> dict[str, object]:
@@ -202,7 +206,7 @@ class EngineBackend:
             if isinstance(cmd, _Handle):
                 self._submit(cmd)
             elif isinstance(cmd, _Abort):
-                self._abort(cmd.handle)
+                self._abort(cmd.handle, cmd.notify)
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
@@ -217,12 +221,15 @@ class EngineBackend:
             return
         self._handles[handle.req.req_id] = handle
 
-    def _abort(self, handle: _Handle) -> None:
+    def _abort(self, handle: _Handle, notify: bool = False) -> None:
         if handle.done:
             return
         if handle.req is not None:
             self.engine.abort(handle.req.req_id)
             self._handles.pop(handle.req.req_id, None)
+            chunk = GenerationChunk.take_from(handle.req) if notify else None
+            if chunk is not None:
+                self._deliver(handle, chunk)
         self._retire(handle, aborted=True)
 
     def _step(self) -> None:

@@ -90,3 +90,17 @@ def test_stop_string_split_across_tokens_cuts_the_text(tokenizer: Tokenizer) -> 
     req, received = stream(tokenizer, ids, 1, stop=["gam"])
     assert req.finish_reason == FINISH_STOP
     assert received == req.text == "alpha beta "
+
+
+def test_an_abort_releases_everything_held_back(tokenizer: Tokenizer) -> None:
+    """A request aborted mid-character (a deadline, a drain) ends with what a full decode shows, and
+    text held back for a possible stop string arrives too."""
+    ids = tokenizer.encode("ok 😀", add_special_tokens=False)
+    req = Request(1, [1], SamplingParams(max_tokens=50, ignore_eos=True, stop=["never said"]))
+    req.append_tokens(ids[:-1], frozenset(), tokenizer)  # the emoji's last byte piece still to come
+    sent = req.take_delta()[0]
+    req.abort()
+    assert req.finish_reason == "abort"
+    assert sent + req.take_delta()[0] == req.text == tokenizer.decode(ids[:-1])
+    req.abort()  # a second abort changes nothing
+    assert req.take_delta()[0] == ""

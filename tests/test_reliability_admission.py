@@ -237,3 +237,27 @@ def test_over_http_a_full_queue_is_429_with_retry_after_and_a_timeout_is_408_or_
         await coordinator.stop()
 
     drive(scenario, timeout_s=30)
+
+
+def test_a_stream_past_its_deadline_still_gets_the_text_held_back_for_a_stop_string(tokenizer) -> None:
+    async def scenario() -> None:
+        coordinator, verifier, _ = kv_stack(tokenizer, config(), 256, one_right)
+        await coordinator.start()
+        app = build_http_app(coordinator)
+        verifier.pause_at(4)  # a few steps of text, then only the deadline ends the request
+        body = {"prompt": [5, 6], "max_tokens": 50, "temperature": 0, "ignore_eos": True, "timeout": 0.3,
+                "stream": True, "stop": ["never-said-xyz"], "stream_options": {"include_usage": True}}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bm") as client:
+            streamed = await client.post("/v1/completions", json=body)
+        events = [json.loads(line[6:]) for line in streamed.text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        choices = [e["choices"][0] for e in events if e["choices"]]
+        produced = events[-1]["usage"]["completion_tokens"]
+        assert streamed.status_code == 200 and choices[-1]["finish_reason"] == "abort" and produced >= 3
+        # While running, the last 13 characters wait in case they start the stop string; the abort releases them.
+        assert "".join(c["text"] for c in choices) == tokenizer.decode(greedy([5, 6], produced))
+        await eventually(lambda: coordinator.status()["running"] == 0)
+        verifier.resume()
+        await coordinator.stop()
+
+    drive(scenario, timeout_s=30)

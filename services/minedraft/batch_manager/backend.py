@@ -64,14 +64,16 @@ class GenerationBackend(Protocol):
     max_context: int
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, deadline: float | None = None
     ) -> AsyncIterator[GenerationChunk]:
         """Stream chunks until one carries a finish_reason.
 
         Validation errors raise InvalidRequestError and a full queue raises QueueFullError,
         both before the first chunk; UnavailableError may come at any point (shutting down, or
         the verifier lost mid-request). Closing the iterator early (client gone) cancels the
-        request and frees its KV blocks.
+        request and frees its KV blocks. At `deadline` (event-loop time; None: none) the request
+        is aborted and its last chunk (finish_reason "abort") carries all the text it produced,
+        including what was held back for a possible stop string or an unfinished character.
         """
         ...
 

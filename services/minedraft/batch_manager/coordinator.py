@@ -124,9 +124,9 @@ class Coordinator:
 
     # ----- GenerationBackend ------------------------------------------------------------
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str
-                 ) -> AsyncIterator[GenerationChunk]:
-        return self.driver.generate(prompt_ids, params)
+    def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                 deadline: float | None = None) -> AsyncIterator[GenerationChunk]:
+        return self.driver.generate(prompt_ids, params, deadline)
 
     async def apply_policy(self, **changes: object) -> dict[str, object]:
         """Change mode, k, caps or thresholds without a restart (SpeculationPolicy)."""

@@ -42,7 +42,6 @@ from minedraft.batch_manager.http_streams import (
     open_stream,
     race_disconnect,
     sse_response,
-    until_deadline,
 )
 from minedraft.batch_manager.openai_models import (
     DEFAULT_COMPLETION_MAX_TOKENS,
@@ -197,9 +196,10 @@ class OpenAIServer:
         request_id = f"{id_prefix}-{uuid.uuid4().hex}"
         model = self.backend.model_name
         params = body.sampling_params(max_tokens)
-        stream = traced_stream(self.backend.generate(ids, params, request_id), self.tracer, operation,
-                               lambda: request.headers, request_id, params)
         deadline = None if body.timeout is None else asyncio.get_running_loop().time() + body.timeout
+        # A stream past its deadline ends with an "abort" chunk; a request with nothing sent by then is a 408.
+        stream = traced_stream(self.backend.generate(ids, params, request_id, deadline if body.stream else None),
+                               self.tracer, operation, lambda: request.headers, request_id, params)
         try:
             async with asyncio.timeout_at(deadline):
                 chunks = await open_stream(request, stream)
@@ -209,8 +209,7 @@ class OpenAIServer:
             raise RequestTimeoutError(f"the request's timeout of {body.timeout:g} s passed before it was done; "
                                       "raise `timeout` or lower max_tokens") from None
         if body.stream:
-            return sse_response(events(until_deadline(chunks, deadline), request_id, model,
-                                       body.wants_usage_in_stream))
+            return sse_response(events(chunks, request_id, model, body.wants_usage_in_stream))
         return JSONResponse(build(request_id, model, collected).model_dump())
 
 

@@ -31,7 +31,6 @@ from minedraft.batch_manager.openai_models import (
     ErrorResponse,
     UsageInfo,
 )
-from minedraft.core.request import FINISH_ABORT
 
 T = TypeVar("T")
 
@@ -84,26 +83,6 @@ async def _chunks_from(
         yield chunk
         while chunk.finish_reason is None:
             chunk = await anext(stream)
-            yield chunk
-
-
-async def until_deadline(chunks: AsyncIterator[GenerationChunk], deadline: float | None
-                         ) -> AsyncIterator[GenerationChunk]:
-    """A started stream up to the request's deadline (loop time; None: none): past it the request
-    is aborted and the stream ends with a last chunk whose finish_reason is "abort"."""
-    async with aclosing(chunks):  # type: ignore[type-var]
-        last: GenerationChunk | None = None
-        while last is None or last.finish_reason is None:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    chunk = await anext(chunks)
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                prompt, completion = (last.prompt_tokens, last.completion_tokens) if last else (0, 0)
-                yield GenerationChunk("", [], FINISH_ABORT, prompt, completion)
-                return
-            last = chunk
             yield chunk
 
 

@@ -2,19 +2,15 @@
 
 Plans run `pipeline_depth` steps ahead of the verifier so neither worker waits for a gRPC round trip; token
 payloads never pass through here except the verified tokens streamed back to the clients. Every plan goes to the
-verifier, and to the draft service whenever it is in the loop. A step depends on the mode and the draft's state:
-- psd: two batches balanced by load; batch A drafts while batch B is verified, then they
-  swap (one batch empty degenerates to standard SD);
-- sd: one batch, a draft step then a verify step;
-- ar (or the draft service lost or paused by auto): every sequence verified every step,
-  without drafts;
-- auto: psd drafting the k in 1..k that `adaptive_k` expects to pay best, pausing drafting while the recent
-  mean accepted length is under `auto_min_tokens_per_step`, probing again after `auto_probe_steps` steps.
-No token is decided here: the verifier's committed tokens are the truth, mirrored in step
-order. Policy changes and draft recovery first drain the loop (no plan in flight). Before
-each plan `admission` picks who starts and who is preempted (to come back under a new
-sequence id, so late verdicts cannot touch it). A lost verifier fails every request at once;
-`verifier_supervisor` reconnects when it answers again.
+verifier, and to the draft service whenever it is in the loop. Modes: psd (batch A drafts while batch B is
+verified, then they swap; one batch empty degenerates to standard SD); sd (one batch, a draft step then a verify
+step); ar, or the draft service lost or paused by auto (every sequence verified every step, without drafts);
+auto (psd drafting the k in 1..k that `adaptive_k` expects to pay best, pausing drafting while the recent mean
+accepted length is under `auto_min_tokens_per_step`, probing again after `auto_probe_steps` steps).
+No token is decided here: the verifier's committed tokens are the truth, mirrored in step order. Policy changes and
+draft recovery first drain the loop (no plan in flight). Before each plan `admission` picks who starts and who is
+preempted (back under a new sequence id, so late verdicts cannot touch it). A lost verifier fails every request
+at once; `verifier_supervisor` reconnects when it answers again.
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ from minedraft.batch_manager.step_observer import StepObserver
 from minedraft.batch_manager.step_stats import Counters, busy_ms
 from minedraft.batch_manager.verifier_supervisor import VerifierSupervisor
 from minedraft.core.codec import seq_spec
-from minedraft.core.request import FINISH_ABORT, Request
+from minedraft.core.request import Request
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.proto import control_pb2
@@ -139,8 +135,7 @@ class StepDriver:
         self.draft_adds = [spec for spec in self.draft_adds if spec.seq_id != old]
         req.req_id = self.admission.new_id()
         self.streams.renamed(old, req.req_id)
-        log.info("preempted sequence %d (%d tokens) for KV blocks; it resumes as %d", old, len(req.all_tokens),
-                 req.req_id)
+        log.info("preempted sequence %d (%d tokens) for KV blocks; resumes as %d", old, len(req.all_tokens), req.req_id)
 
     # ----- verdicts in ------------------------------------------------------------------
 
@@ -198,21 +193,24 @@ class StepDriver:
             self.sched.restart_drafting()
 
     # ----- requests ---------------------------------------------------------------------
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[GenerationChunk]:
-        """Queue a request (its errors raise at the first `anext`), then stream its chunks until
-        one carries a finish reason; closing the iterator early aborts it."""
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, deadline: float | None = None
+                       ) -> AsyncIterator[GenerationChunk]:
+        """Queue a request (its errors raise at the first `anext`), then stream its chunks until one carries a
+        finish reason; closing the iterator early aborts it, and so does `deadline` (loop time)."""
         if not self.accepting:
             raise UnavailableError("the server is shutting down; retry (on another replica)")
         if not self.serving:
             raise UnavailableError("the verifier is not connected (starting, or lost); retry shortly")
         req = self.admission.submit(prompt_ids, params, self.config.k, self.config.pipeline_depth)
         queue = self.streams.open(req)
+        timer = None if deadline is None else asyncio.get_running_loop().call_at(deadline, self.abort, req, True)
         self._wake.set()
         try:
             async for chunk in self.streams.read(queue):
                 yield chunk
         finally:
+            if timer is not None:
+                timer.cancel()
             self.streams.close(req)
             if not req.finished:
                 self.abort(req)
@@ -225,19 +223,21 @@ class StepDriver:
         self.sched.remove(req.req_id)
         self._wake.set()
 
-    def abort(self, req: Request) -> None:
+    def abort(self, req: Request, notify: bool = False) -> None:
+        """End a request now; `notify` (its deadline passed): a last chunk carries all the text it produced."""
         self.admission.withdraw(req)
-        req.finish(FINISH_ABORT)
+        req.abort()
+        if notify:
+            self.streams.notify(req)
         self._retire(req)
 
     def abort_everything(self, error: str | None = None) -> None:
-        """Every request, running or waiting, ends now: with UnavailableError(`error`), or without
-        an error, as a last chunk whose finish_reason is "abort" (the drain's grace is over)."""
+        """Every request ends now: with UnavailableError(`error`), or a last "abort" chunk (a drain's grace is over)."""
         reqs = [*self.admission.take_all_waiting(), *self.requests.values()]
         if error and reqs:
             log.error("%s; failing %d requests", error, len(reqs))
         for req in reqs:
-            req.finish(FINISH_ABORT)
+            req.abort()
             if error:
                 self.streams.fail(req, UnavailableError(f"{error}; retry the request"))
             else:

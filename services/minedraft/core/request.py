@@ -96,6 +96,15 @@ class Request:
             self.finish_reason = reason
             self.stats.finished = time.perf_counter()
 
+    def abort(self) -> None:
+        """End the request now; text held back for an unfinished UTF-8 character becomes final (and, as for any
+        finished request, `take_delta` releases what was held back for a possible stop string)."""
+        if self.finished:
+            return
+        self.finish(FINISH_ABORT)
+        if self._detok is not None:
+            self.text += self._detok.finish(self.output_ids, self.text)
+
     def append_tokens(self, new_tokens: list[int], eos_ids: frozenset[int], tokenizer: Tokenizer) -> int:
         """Append verified tokens up to the first stop condition; returns how many were kept."""
         if self.finished:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from minedraft.core.errors import InvalidRequestError, ModelLoadError
-from minedraft.core.request import FINISH_ABORT, Request
+from minedraft.core.request import Request
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.core.validation import validate_k, validate_request
@@ -131,7 +131,7 @@ class LLMEngine:
         req = self.requests.pop(req_id, None)
         if req is None:
             return
-        req.finish(FINISH_ABORT)
+        req.abort()
         if req in self.waiting:
             self.waiting.remove(req)
         self._retire(req)
