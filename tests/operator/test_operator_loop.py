@@ -217,7 +217,9 @@ async def test_a_missing_admin_secret_is_reported_not_generated(kmock, cpu_mdd) 
 
         await eventually(reported, what="the missing Secret in the status")
         assert [s["metadata"]["name"] for s in await k.list("v1", "secrets", NS)] == []
-        assert await k.get("apps/v1", "deployments", NS, "tiny")  # the pods wait for the Secret, as the kubelet does
+        # The Deployment is made all the same (its pods wait for the Secret, as the kubelet does); the push may
+        # report before the create handler ran, so wait for it rather than expect it at once.
+        await eventually(lambda: k.get("apps/v1", "deployments", NS, "tiny"), what="the Deployment")
 
 
 @pytest.mark.asyncio
