@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -134,3 +135,19 @@ async def grpc_stream(stack: LocalStack, prompt: list[int], max_tokens: int, del
         async for chunk in stub.GenerateStream(request, timeout=240):
             tokens.extend(chunk.token_ids)
         return tokens
+
+
+async def http_stream(stack: LocalStack, prompt: list[int], max_tokens: int, delay: float) -> list[int]:
+    """Streamed completion; token ids come back as `w<id>` words from the word-level tokenizer."""
+    await asyncio.sleep(delay)
+    body = {"model": "target", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    text = ""
+    async with httpx.AsyncClient(timeout=240) as client, client.stream(
+        "POST", f"http://127.0.0.1:{stack.cfg.http_port}/v1/completions", json=body
+    ) as resp:
+        assert resp.status_code == 200
+        async for line in resp.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text += json.loads(line[6:])["choices"][0]["text"]
+    return [int(w[1:]) for w in text.split()]

@@ -96,6 +96,7 @@ def test_draft_service_rejoins_after_a_data_plane_error(random_pair) -> None:
     """A transport error mid-step must close the draft side's process group, or every later
     epoch fails to form in that process (and the verifier waits out each attempt)."""
     from minedraft.draft_service.executor import DraftExecutor
+    from minedraft.draft_service.launch_ahead import AwaitedVerdict
     from minedraft.engine.drafter import Drafter
     from minedraft.engine.loader import load_model
     from minedraft.engine.runner import ModelRunner
@@ -121,7 +122,7 @@ def test_draft_service_rejoins_after_a_data_plane_error(random_pair) -> None:
             raise DataPlaneError("peer went away")
 
         executor.plane.recv_verdict = broken  # type: ignore[method-assign]
-        executor.verdict_pending = True
+        executor.awaited = AwaitedVerdict(6, [])  # the previous plan's verify sends a verdict
         event = executor.handle_plan(control_pb2.StepPlan(step=7))
         assert event.data_plane_lost and executor.plane is None
         assert not dist.is_initialized()

@@ -13,7 +13,7 @@ import pytest
 from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.proto import generation_pb2, generation_pb2_grpc
-from tests.conftest import engine_from_folders, grpc_stream, wait_until, worker_info
+from tests.conftest import engine_from_folders, grpc_stream, http_stream, wait_until, worker_info
 
 NUM_BLOCKS = 1024
 
@@ -41,22 +41,6 @@ def reference(random_pair, prompts: list[list[int]], max_tokens: list[int]) -> l
 
 def health(stack: LocalStack) -> dict:
     return httpx.get(f"http://127.0.0.1:{stack.cfg.http_port}/health", timeout=5).json()
-
-
-async def http_stream(stack: LocalStack, prompt: list[int], max_tokens: int, delay: float) -> list[int]:
-    """Streamed completion; token ids come back as `w<id>` words from the word-level tokenizer."""
-    await asyncio.sleep(delay)
-    body = {"model": "target", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True}
-    text = ""
-    async with httpx.AsyncClient(timeout=240) as client, client.stream(
-        "POST", f"http://127.0.0.1:{stack.cfg.http_port}/v1/completions", json=body
-    ) as resp:
-        assert resp.status_code == 200
-        async for line in resp.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                text += json.loads(line[6:])["choices"][0]["text"]
-    return [int(w[1:]) for w in text.split()]
 
 
 def test_32_concurrent_streaming_clients_get_exact_greedy_tokens(stack, random_pair) -> None:

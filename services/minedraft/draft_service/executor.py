@@ -49,8 +49,7 @@ class DraftExecutor(PlaneOwner):
         self.launch_ahead = launch_ahead  # draft from verdicts still on the device (launch_ahead.py)
         self.device = worker.runner.device
         self.plane: DataPlane | None = None
-        self.verdict_pending = False
-        self.awaited: AwaitedVerdict | None = None  # the verdict the next plan drafts from
+        self.awaited: AwaitedVerdict | None = None  # the verdict the next plan commits or drafts from
         self.launched: LaunchedDraft | None = None  # the next plan, when its drafts are already queued
         self.upcoming: Callable[[], control_pb2.StepPlan | None] = lambda: None  # set by the control loop
         self.ahead_count = 0  # plans drafted from a verdict still on the device
@@ -62,11 +61,11 @@ class DraftExecutor(PlaneOwner):
             log.info("%d plans were drafted from verdicts on the device", self.ahead_count)
         forget_all(self.worker)
         self._drop_plane()
-        self.verdict_pending, self.awaited, self.launched, self.ahead_count = False, None, None, 0
+        self.awaited, self.launched, self.ahead_count = None, None, 0
 
     def handle_setup(self, setup: control_pb2.DataPlaneSetup) -> control_pb2.WorkerEvent:
         self._drop_plane()
-        self.verdict_pending, self.awaited, self.launched = False, None, None
+        self.awaited, self.launched = None, None
         timeout_s = setup_timeout_s(setup.timeout_s)
         try:
             store = dist.TCPStore(setup.master_addr, setup.master_port, is_master=False,
@@ -78,7 +77,7 @@ class DraftExecutor(PlaneOwner):
         return control_pb2.WorkerEvent(step=-1, setup_done=True, transport=self.plane.transport, epoch=setup.epoch)
 
     def _commit_verdict(self, timing: control_pb2.StepTiming) -> None:
-        if not self.verdict_pending or self.plane is None:
+        if self.awaited is None or self.plane is None:
             return
         with timed(timing, "recv_wait_ms"):
             verdict = self.plane.recv_verdict()
@@ -90,15 +89,12 @@ class DraftExecutor(PlaneOwner):
 
     def handle_plan(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent:
         launched, self.launched = self.launched, None
-        if launched is not None:
-            if launched.plan.step == plan.step:
-                return self._finish(launched)
-            log.error("plan %d arrived where %d was drafted ahead; re-syncing the verifier", plan.step,
-                      launched.plan.step)
+        if launched is not None and launched.plan.step == plan.step:
+            return self._finish(launched)
         event = control_pb2.WorkerEvent(step=plan.step)
         timing = event.timing
-        if launched is not None:
-            self._lost(plan, event, RuntimeError("a plan drafted ahead never arrived"))
+        if launched is not None:  # its verdict was consumed and never settled: re-sync with the verifier
+            self._lost(plan, event, RuntimeError(f"plan {launched.plan.step} was drafted ahead, {plan.step} came"))
         kd = launchable_kd(self.worker, self.awaited, plan, []) if self._ahead_ok() else None
         if plan.step != self.applied_step:
             with timed(timing, "control_ms"):
@@ -107,10 +103,8 @@ class DraftExecutor(PlaneOwner):
             if kd is not None and (launched := self._launch(plan, kd, event)) is not None:
                 return self._finish(launched)
             self._commit_verdict(timing)
-            self.verdict_pending = plan.send_verdict and len(plan.verify_batch) > 0
             ids = list(plan.draft_batch) if plan.with_drafts else []
             timing.batch = len(ids)
-            finished = None
             if ids and self.plane is not None:
                 started = device_mark(self.device)
                 with timed(timing, "compute_ms"):
@@ -130,7 +124,7 @@ class DraftExecutor(PlaneOwner):
         return event
 
     def _ahead_ok(self) -> bool:
-        return self.launch_ahead and self.plane is not None and self.verdict_pending
+        return self.launch_ahead and self.plane is not None and self.awaited is not None
 
     def _send(self, plan: control_pb2.StepPlan, ids: list[int], proposal: Proposal,
               timing: control_pb2.StepTiming) -> None:
@@ -143,7 +137,7 @@ class DraftExecutor(PlaneOwner):
         """Note the verdict the plan's verify will send; with launch-ahead, post its receive now (behind
         the drafts just queued) so the next plan can draft from it on the device."""
         self.awaited = None
-        if not self.verdict_pending or self.plane is None:
+        if not plan.send_verdict or not plan.verify_batch or self.plane is None:
             return
         self.awaited = AwaitedVerdict(plan.step, [s for s in plan.verify_batch if s in self.worker.seqs])
         if self.launch_ahead:
@@ -163,7 +157,6 @@ class DraftExecutor(PlaneOwner):
             proposal = propose_ahead(self.worker, ids, kd, plan.k, posted.accepted, posted.tokens)
             finished = device_mark(self.device)
         timing.batch = len(ids)
-        self.verdict_pending = plan.send_verdict and len(plan.verify_batch) > 0
         self._send(plan, ids, proposal, timing)
         self._await_verdict(plan)
         if not self.ahead_count:
@@ -217,7 +210,7 @@ class DraftExecutor(PlaneOwner):
     def _lost(self, plan: control_pb2.StepPlan, event: control_pb2.WorkerEvent, exc: Exception) -> None:
         log.warning("verifier lost at step %d: %s", plan.step, exc)
         self._drop_plane()
-        self.verdict_pending, self.awaited, self.launched = False, None, None
+        self.awaited, self.launched = None, None
         event.data_plane_lost = True
 
     def info(self) -> control_pb2.WorkerInfo:

@@ -60,45 +60,32 @@ class GraphCache:
         )
 
     def replay(
-        self, ids: torch.Tensor, starts: list[int], query_lens: list[int], tables: torch.Tensor, last_n: int
+        self, ids: torch.Tensor, starts: list[int] | torch.Tensor, query_lens: list[int] | torch.Tensor,
+        tables: torch.Tensor, last_n: int,
     ) -> torch.Tensor:
-        """ids: device tensor [B, Q]; starts, query_lens and the [B, w] block tables come from the host.
+        """ids: device tensor [B, Q]; the [B, w] block tables come from the host; starts and query_lens from
+        the host too, or as device tensors when only the device knows them yet (a verdict in flight).
 
-        The host metadata travels in one pinned, asynchronous copy into the graph's packed
-        buffer; rows past the batch get zero-length queries (they read and write nothing, so
-        their stale table rows are never looked at).
+        The host metadata travels in one pinned, asynchronous copy into the graph's packed buffer (device
+        starts and lengths are then copied over it, device to device); rows past the batch get zero-length
+        queries (they read and write nothing, so their stale table rows are never looked at).
         """
         batch, width = ids.shape
         bucket = self.bucket(batch)
         assert bucket is not None
         key = (bucket, width, last_n)
         step = self.steps.get(key) or self._capture(key)
+        on_device = isinstance(starts, torch.Tensor)
         # Rows past the batch read no table entries, so only the tables of real rows travel.
         host = torch.zeros(2 * bucket + batch * self.max_blocks_per_seq, dtype=torch.long, pin_memory=True)
-        host[:batch] = torch.tensor(starts, dtype=torch.long)
-        host[bucket : bucket + batch] = torch.tensor(query_lens, dtype=torch.long)
+        if not on_device:
+            host[:batch] = torch.tensor(starts, dtype=torch.long)
+            host[bucket : bucket + batch] = torch.tensor(query_lens, dtype=torch.long)
         host[2 * bucket :].view(batch, -1)[:, : tables.shape[1]] = tables
         step.meta[: host.shape[0]].copy_(host, non_blocking=True)
-        step.ids[:batch].copy_(ids)
-        step.graph.replay()
-        return step.logits[:batch].clone()
-
-    def replay_on_device(
-        self, ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor, tables: torch.Tensor, last_n: int
-    ) -> torch.Tensor:
-        """`replay` with starts and query lengths already on the device (copied device to device);
-        only the host's block tables travel through pinned memory."""
-        batch, width = ids.shape
-        bucket = self.bucket(batch)
-        assert bucket is not None
-        key = (bucket, width, last_n)
-        step = self.steps.get(key) or self._capture(key)
-        host = torch.zeros(batch * self.max_blocks_per_seq, dtype=torch.long, pin_memory=True)
-        host.view(batch, -1)[:, : tables.shape[1]] = tables
-        step.meta[: 2 * bucket].zero_()  # rows past the batch: zero-length queries
-        step.meta[:batch].copy_(starts)
-        step.meta[bucket : bucket + batch].copy_(query_lens)
-        step.meta[2 * bucket : 2 * bucket + host.shape[0]].copy_(host, non_blocking=True)
+        if on_device:
+            step.meta[:batch].copy_(starts)
+            step.meta[bucket : bucket + batch].copy_(query_lens)
         step.ids[:batch].copy_(ids)
         step.graph.replay()
         return step.logits[:batch].clone()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 from minedraft.engine.drafter import Drafter, Proposal
-from minedraft.engine.sampling import STREAM_DRAFT, sample_tokens
 
 
 def awaited_k(drafter: Drafter, seq_id: int) -> int:
@@ -49,20 +48,9 @@ def propose_ahead(drafter: Drafter, seq_ids: list[int], kd: int, k: int, accepte
     bonus = verdict_tokens[rows, acc]
     before = torch.where(acc > 0, verdict_tokens[rows, (acc - 1).clamp(min=0)], last)
     reserve = [st.length + kd + k for st in states]
-    sampling = drafter.sampling(seq_ids)
     logits = runner.forward_on_device(seq_ids, torch.stack((before, bonus), dim=1), new_len - 2,
                                       torch.full_like(new_len, 2), reserve, last_n=1)
-    ones = torch.ones_like(new_len)
-    tokens: list[torch.Tensor] = []
-    probs: list[torch.Tensor] = []
-    for i in range(k):
-        token, prob = sample_tokens(logits, sampling, (new_len + i).unsqueeze(1), STREAM_DRAFT)
-        tokens.append(token[:, 0])
-        if prob is not None:
-            probs.append(prob[:, 0])
-        if i + 1 < k:
-            logits = runner.forward_on_device(seq_ids, token, new_len + i, ones, reserve, last_n=1)
-    return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+    return drafter.draft_from(seq_ids, logits, new_len, k, reserve)
 
 
 def settle(drafter: Drafter, seq_ids: list[int], rows: list[list[int]], accepted: list[int], k: int) -> None:

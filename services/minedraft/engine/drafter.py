@@ -29,10 +29,21 @@ class Drafter(SequenceHost):
             # dropped it) are stale: feed at least the last committed token again.
             st.cached = min(st.cached, st.length - 1)
             self.runner.truncate(st.seq_id, st.cached)
-        sampling = self.sampling(seq_ids)
         lengths = self.runner.to_device(torch.tensor([st.length for st in states], dtype=torch.long))
         feed = [st.uncached() for st in states]
         logits = self.runner.forward(seq_ids, feed, [st.cached for st in states], last_n=1)
+        proposal = self.draft_from(seq_ids, logits, lengths, k, [st.length + k - 1 for st in states])
+        for st in states:
+            st.cached = st.length + k - 1
+        return proposal
+
+    def draft_from(self, seq_ids: list[int], logits: torch.Tensor, lengths: torch.Tensor, k: int,
+                   reserve: list[int]) -> Proposal:
+        """Sample k drafts per row from the logits after each row's last committed token (`lengths`: the
+        rows' lengths, on the device); each draft but the last is fed back at lengths + i without a host
+        round trip. `reserve[b]` bounds row b's KV positions."""
+        sampling = self.sampling(seq_ids)
+        ones = torch.ones_like(lengths)
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []  # stays empty for an all-greedy batch
         for i in range(k):
@@ -40,14 +51,9 @@ class Drafter(SequenceHost):
             tokens.append(token[:, 0])
             if prob is not None:
                 probs.append(prob[:, 0])
-            if i + 1 < k:  # the next token stays on the device: no host round trip between draft steps
-                starts = [st.length + i for st in states]
-                logits = self.runner.forward_ids(seq_ids, token, starts, [1] * len(states), last_n=1)
-        for st in states:
-            st.cached = st.length + k - 1
-        draft_tokens = torch.stack(tokens, dim=1)
-        draft_probs = torch.stack(probs, dim=1) if probs else None
-        return Proposal(draft_tokens, draft_probs)
+            if i + 1 < k:
+                logits = self.runner.forward_on_device(seq_ids, token, lengths + i, ones, reserve, last_n=1)
+        return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
     def commit(self, seq_id: int, new_tokens: list[int], accepted: int) -> None:
         """Append the verifier's tokens; keep KV only for drafts that were accepted."""

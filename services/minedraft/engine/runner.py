@@ -73,27 +73,25 @@ class ModelRunner:
         self, seq_ids: list[int], ids: torch.Tensor, starts: list[int], query_lens: list[int], last_n: int
     ) -> torch.Tensor:
         """Like `forward`, with the token ids already a [B, Q] tensor on the device."""
-        for seq_id, start, n in zip(seq_ids, starts, query_lens, strict=True):
-            self.cache.allocator.ensure(seq_id, start + n)
-        tables = self.cache.block_table_tensor(seq_ids, "cpu")
-        if self.graphs is not None and self.graphs.can_replay(len(seq_ids), ids.shape[1], last_n, tables.shape[1]):
-            return self.graphs.replay(ids, starts, query_lens, tables, last_n)
-        start_t = torch.tensor(starts, dtype=torch.long)
-        lens_t = torch.tensor(query_lens, dtype=torch.long)
-        return self.run(ids, self.to_device(start_t), self.to_device(lens_t), self.to_device(tables), last_n)
+        limits = [start + n for start, n in zip(starts, query_lens, strict=True)]
+        return self.forward_on_device(seq_ids, ids, starts, query_lens, limits, last_n)
 
     def forward_on_device(
-        self, seq_ids: list[int], ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor,
-        reserve: list[int], last_n: int,
+        self, seq_ids: list[int], ids: torch.Tensor, starts: list[int] | torch.Tensor,
+        query_lens: list[int] | torch.Tensor, reserve: list[int], last_n: int,
     ) -> torch.Tensor:
-        """Like `forward_ids` with starts and query lengths that only the device knows yet (computed
-        from a verdict still in flight); `reserve[b]` bounds row b's last position + 1, so its KV
+        """Like `forward_ids`, where starts and query lengths may be device tensors that only the device knows
+        yet (computed from a verdict in flight); `reserve[b]` bounds row b's last position + 1, so its KV
         blocks exist before the step is queued."""
         for seq_id, limit in zip(seq_ids, reserve, strict=True):
             self.cache.allocator.ensure(seq_id, limit)
         tables = self.cache.block_table_tensor(seq_ids, "cpu")
         if self.graphs is not None and self.graphs.can_replay(len(seq_ids), ids.shape[1], last_n, tables.shape[1]):
-            return self.graphs.replay_on_device(ids, starts, query_lens, tables, last_n)
+            return self.graphs.replay(ids, starts, query_lens, tables, last_n)
+        if not isinstance(starts, torch.Tensor):
+            starts = self.to_device(torch.tensor(starts, dtype=torch.long))
+            query_lens = self.to_device(torch.tensor(query_lens, dtype=torch.long))
+        assert isinstance(query_lens, torch.Tensor)
         return self.run(ids, starts, query_lens, self.to_device(tables), last_n)
 
     @torch.inference_mode()

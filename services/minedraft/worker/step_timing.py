@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -20,13 +20,9 @@ def set_annotations(on: bool) -> None:
 
 @contextmanager
 def timed(timing: control_pb2.StepTiming, field: str) -> Iterator[None]:
-    scope = torch.profiler.record_function(field) if _annotate else None
-    if scope is not None:
-        scope.__enter__()
     start = time.perf_counter()
     try:
-        yield
+        with torch.profiler.record_function(field) if _annotate else nullcontext():
+            yield
     finally:
         setattr(timing, field, getattr(timing, field) + (time.perf_counter() - start) * 1000.0)
-        if scope is not None:
-            scope.__exit__(None, None, None)
