@@ -68,6 +68,7 @@ class FakeWorkerLink(ABC):
         self.seqs: dict[int, list[int]] = {}  # committed tokens of every sequence this worker holds
         self.plans: list[control_pb2.StepPlan] = []  # every plan received, in order
         self.setups: list[control_pb2.DataPlaneSetup] = []
+        self.aborts: list[control_pb2.DataPlaneAbort] = []
         self.streams_opened = 0
         self.up = asyncio.Event()
         self.up.set()
@@ -99,6 +100,9 @@ class FakeWorkerLink(ABC):
         if msg.WhichOneof("body") == "setup":
             self.setups.append(msg.setup)
             self._join(msg.setup)
+            return
+        if msg.WhichOneof("body") == "abort":
+            self.aborts.append(msg.abort)
             return
         self.plans.append(msg.plan)
         event = self.execute(msg.plan)

@@ -7,15 +7,8 @@ import multiprocessing as mp
 import torch
 import torch.distributed as dist
 
-from minedraft.worker.data_plane import (
-    DRAFT_RANK,
-    VERIFIER_RANK,
-    DataPlane,
-    DraftPayload,
-    VerdictPayload,
-    expected_verdict_header,
-    split_verdict_frame,
-)
+from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_verdict_header, split_verdict_frame
+from minedraft.worker.data_plane import DRAFT_RANK, VERIFIER_RANK, DataPlane
 from minedraft.worker.rendezvous import host_store
 
 

@@ -40,6 +40,9 @@ def test_draft_lost_mid_step_falls_back_to_ar_and_recovers_with_every_sequence_r
         status = stack.coordinator.status()
         assert (status["draft_state"], status["draft_connected"], status["fallbacks"]) == ("lost_ar", False, 1)
         assert status["draft_link_transport"] == "" and status["mode"] == "ar"
+        # The verifier is told at once to abort that epoch's data plane (over NCCL a receive from a dead
+        # peer would otherwise wait out the communicator's timeout).
+        assert [(a.epoch, a.reason) for a in stack.verifier.aborts] == [(1, "draft service lost")]
         draft.restart()
         await until(lambda: stack.driver._holds == 1)  # it answers: the recovery waits for step 5
         assert stack.coordinator.status()["draft_state"] == "lost_ar"
@@ -71,6 +74,7 @@ def test_draft_lost_mid_step_falls_back_to_ar_and_recovers_with_every_sequence_r
         assert back.step == 6 and {a.seq_id: list(a.tokens) for a in back.add} == held_tokens
         assert [p.step for p in draft.plans] == [0, 1, 2, 3, *range(6, 15)]
         assert [s.epoch for s in stack.verifier.setups] == [1, 2] == [s.epoch for s in draft.setups]
+        assert len(stack.verifier.aborts) == 1 and not draft.aborts
         assert draft.streams_opened == 2
         assert stack.driver.draft.state.history == [S.CONNECTING, S.DRAFTING, S.LOST_AR, S.RECOVERING, S.DRAFTING]
         status = stack.coordinator.status()

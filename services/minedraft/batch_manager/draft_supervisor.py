@@ -117,6 +117,9 @@ class DraftSupervisor:
         assert self.link is not None
         log.warning("%s: continuing autoregressively on the verifier", why)
         self.reason = why
+        if self.loop.serving:  # the verifier may wait on a receive from it: NCCL would wait out its timeout
+            abort = control_pb2.DataPlaneAbort(epoch=self.epoch, reason=why)
+            self.verifier.send(control_pb2.ControlMessage(abort=abort))
         self.state.to(S.LOST_AR)
         self.transport = ""
         self.loop.draft_left()

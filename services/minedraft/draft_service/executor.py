@@ -15,16 +15,8 @@ from minedraft.engine.draft_ahead import propose_ahead, settle
 from minedraft.engine.drafter import Drafter, Proposal
 from minedraft.engine.readback import Readback, device_mark, elapsed_ms
 from minedraft.proto import control_pb2
-from minedraft.worker.data_plane import (
-    DRAFT_RANK,
-    DataPlane,
-    DataPlaneError,
-    DraftPayload,
-    PlaneOwner,
-    expected_verdict_header,
-    setup_timeout_s,
-    split_verdict_frame,
-)
+from minedraft.worker.data_frames import DraftPayload, expected_verdict_header, split_verdict_frame
+from minedraft.worker.data_plane import DRAFT_RANK, DataPlane, DataPlaneError, PlaneOwner, setup_timeout_s
 from minedraft.worker.info import worker_info
 from minedraft.worker.membership import apply_membership, forget_all
 from minedraft.worker.placement import device_identity

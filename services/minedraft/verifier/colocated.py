@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from minedraft.engine.drafter import Drafter
 from minedraft.proto import control_pb2
-from minedraft.worker.data_plane import DraftPayload
+from minedraft.worker.data_frames import DraftPayload
 from minedraft.worker.membership import apply_membership, forget_all
 
 

@@ -16,16 +16,8 @@ from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
 from minedraft.verifier.colocated import ColocatedDrafter
 from minedraft.verifier.launch_ahead import LaunchedStep, launchable_ids
-from minedraft.worker.data_plane import (
-    VERIFIER_RANK,
-    DataPlane,
-    DataPlaneError,
-    DraftPayload,
-    PlaneOwner,
-    VerdictPayload,
-    expected_header,
-    setup_timeout_s,
-)
+from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_header
+from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError, PlaneOwner, setup_timeout_s
 from minedraft.worker.info import worker_info
 from minedraft.worker.membership import apply_membership, forget_all
 from minedraft.worker.placement import COLOCATED_VERIFIER_ROLE, device_identity
@@ -116,6 +108,14 @@ class VerifierExecutor(PlaneOwner):
             self.colocated.reset()
         self._drop_plane()
         self.drafts_pending = False
+
+    def abort_data_plane(self, abort: control_pb2.DataPlaneAbort) -> None:
+        """From the control stream's reader thread, ahead of queued plans: the manager saw the draft service
+        go, and a receive from it (which the GPU stream may wait on) would otherwise last NCCL's timeout."""
+        plane = self.plane
+        if plane is not None and plane.epoch == abort.epoch:
+            log.warning("aborting data plane epoch %d: %s", abort.epoch, abort.reason)
+            plane.abort()
 
     def handle_setup(self, setup: control_pb2.DataPlaneSetup) -> control_pb2.WorkerEvent:
         self._drop_plane()
@@ -231,7 +231,10 @@ class VerifierExecutor(PlaneOwner):
                 header = Readback(posted.header)  # ready when the drafts are, before the verify runs
                 started = device_mark(self.device)  # the verify's GPU time starts once its drafts are in
                 apply_membership(self.worker, nxt)
-                verdict = self.worker.judge(next_ids, Proposal(posted.tokens, None))
+                # A frame cut short by an abort holds garbage: keep every id valid (greedy verification is
+                # exact whatever the drafts, and the step is reported lost at commit).
+                drafts = posted.tokens.clamp(0, self.worker.vocab_size - 1)
+                verdict = self.worker.judge(next_ids, Proposal(drafts, None))
         except DataPlaneError as exc:
             log.warning("draft service lost at step %d: %s", plan.step, exc)
             self._drop_plane()
@@ -251,7 +254,7 @@ class VerifierExecutor(PlaneOwner):
         """The plan launched ahead arrives: check the drafts it used, launch the one after it, commit it."""
         plan, event = launched.plan, launched.event
         header = launched.header.tolist()
-        if header != launched.expected_header:
+        if header != launched.expected_header or (self.plane is not None and self.plane.aborted):
             log.error("step %d verified drafts whose header %s is not the expected %s; re-syncing the draft "
                       "service", plan.step, header[:8], launched.expected_header[:8])
             self._drop_plane()

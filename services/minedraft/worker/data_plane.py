@@ -9,7 +9,7 @@ next send, so neither side blocks on the other's receive.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
 from datetime import timedelta
 
 import torch
@@ -17,14 +17,19 @@ import torch.distributed as dist
 
 from minedraft.core.errors import MinedraftError
 from minedraft.engine.transfer import to_device
+from minedraft.worker.data_frames import (
+    _FRAME,
+    _HEADER,
+    DraftPayload,
+    PostedDrafts,
+    PostedVerdict,
+    VerdictPayload,
+)
 from minedraft.worker.nccl_report import nccl_log
 
+log = logging.getLogger(__name__)
 VERIFIER_RANK = 0
 DRAFT_RANK = 1
-_HEADER = 6  # step, batch, k, has_probs, vocab, body length
-_FRAME = 8192  # int64 slots of a payload's first message (64 KiB): ~900 sequences at k = 6
-
-
 class DataPlaneError(MinedraftError):
     """The peer is gone or the transport failed; the caller falls back."""
 
@@ -32,52 +37,6 @@ class DataPlaneError(MinedraftError):
 def setup_timeout_s(setup_timeout: float) -> float:
     """A DataPlaneSetup's timeout, 20 s when the manager left it unset."""
     return setup_timeout or 20.0
-
-
-@dataclass(slots=True)
-class DraftPayload:
-    step: int
-    seq_ids: list[int]
-    tokens: torch.Tensor  # [B, k]
-    probs: torch.Tensor | None  # [B, k, V]
-
-
-@dataclass(slots=True)
-class PostedDrafts:
-    tokens: torch.Tensor  # [B, k] on the device, valid once the stream reaches them
-    header: torch.Tensor  # step, batch, k, has_probs, vocab, body length, then the B sequence ids
-
-
-def expected_header(step: int, seq_ids: list[int], k: int) -> list[int]:
-    """What a posted frame's header must hold for an all-greedy payload of these sequences."""
-    return [step, len(seq_ids), k, 0, 0, len(seq_ids) * (k + 1), *seq_ids]
-
-
-@dataclass(slots=True)
-class PostedVerdict:
-    frame: torch.Tensor  # the used part of the frame on the device: header, sequence ids, accepted, tokens
-    accepted: torch.Tensor  # [B] and [B, k+1] (-1 padded) views, valid once the stream reaches them
-    tokens: torch.Tensor
-
-
-def expected_verdict_header(step: int, seq_ids: list[int], k: int) -> list[int]:
-    """What a posted verdict frame's header must hold for a verdict on these sequences."""
-    return [step, len(seq_ids), k, 0, 0, len(seq_ids) * (k + 3), *seq_ids]
-
-
-def split_verdict_frame(frame: list[int], batch: int, k: int) -> tuple[list[int], list[int], list[list[int]]]:
-    """A posted verdict frame read back: its header with the sequence ids, accepted counts, token rows."""
-    body = frame[_HEADER + batch :]
-    rows = [body[batch + i * (k + 1) : batch + (i + 1) * (k + 1)] for i in range(batch)]
-    return frame[: _HEADER + batch], body[:batch], rows
-
-
-@dataclass(slots=True)
-class VerdictPayload:
-    step: int
-    seq_ids: list[int]
-    tokens: torch.Tensor  # [B, k+1], -1 padded (received: on the host)
-    accepted: torch.Tensor  # [B]
 
 
 class DataPlane:
@@ -93,6 +52,8 @@ class DataPlane:
         timeout_s: float = 20.0,
     ) -> None:
         self.rank = rank
+        self.epoch = epoch
+        self.aborted = False  # set by `abort`, from any thread
         self.peer = 1 - rank
         self.device = device
         self.backend = backend
@@ -228,6 +189,7 @@ class DataPlane:
         """(header, the body on the host, the body on the device): one copy to the host."""
         frame = self._take_frame(channel)
         host = frame.cpu()
+        self.check()
         header = host[:_HEADER].tolist()
         length = header[_HEADER - 1]
         room = _FRAME - _HEADER
@@ -265,14 +227,37 @@ class DataPlane:
         return VerdictPayload(step, host[:batch].tolist(), host[2 * batch :].view(batch, k + 1),
                               host[batch : 2 * batch])
 
+    def abort(self) -> None:
+        """From any thread, when the peer is known dead: NCCL never notices a dead peer (a receive waits for
+        the communicator's timeout, and the stream waits with it), so the plane's communicators are aborted
+        (torch's abort, which also forgets the groups: `close` must not destroy them again), ending the
+        pending operations; every receive then raises DataPlaneError. Gloo fails on its own once the
+        peer's socket closes."""
+        self.aborted = True
+        if self.backend != "nccl" or not dist.is_initialized():
+            return
+        try:
+            dist.distributed_c10d._abort_process_group()
+        except Exception as exc:  # already gone: nothing left to unblock
+            log.warning("aborting the data plane's communicators: %s", exc)
+
+    def check(self) -> None:
+        """Raise when the plane was aborted: whatever a receive returned since is not the peer's."""
+        if self.aborted:
+            raise DataPlaneError(f"data plane epoch {self.epoch} aborted: the draft service is gone")
+
     def close(self) -> None:
         self._posted.clear()  # an unanswered receive dies with the communicator below
         try:
-            for work in self._pending:
+            for work in [] if self.aborted else self._pending:
                 work.wait()
         except Exception:
             pass
-        if dist.is_initialized():
+        if not dist.is_initialized():
+            return
+        if self.aborted and self.backend == "nccl":  # destroying aborted NCCL communicators corrupts the heap
+            dist.distributed_c10d._abort_process_group()
+        else:
             dist.destroy_process_group()
 
 

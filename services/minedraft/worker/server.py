@@ -17,7 +17,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,7 +99,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
         profiler = start_host_profile()
         window = StepProfiler.from_env(self.executor.role, self.executor.device)
         idle_since: float | None = None
-        inbox = Inbox(messages)
+        inbox = Inbox(messages, getattr(self.executor, "abort_data_plane", None))
         if hasattr(self.executor, "upcoming"):
             self.executor.upcoming = inbox.next_plan  # either worker may launch the next plan ahead
         try:
@@ -137,14 +137,20 @@ class Inbox:
     """The batch manager's messages, read by a thread of their own so the loop can see the next plan
     (`next_plan`) while it still works on the current one."""
 
-    def __init__(self, messages: Iterator[control_pb2.ControlMessage]) -> None:
+    def __init__(self, messages: Iterator[control_pb2.ControlMessage],
+                 on_abort: Callable[[control_pb2.DataPlaneAbort], None] | None = None) -> None:
         self.queue: queue.Queue[control_pb2.ControlMessage | None] = queue.Queue()
         self.closed_by_peer = False
+        self.on_abort = on_abort  # runs on the reader thread as the message arrives, ahead of queued plans
         threading.Thread(target=self._read, args=(messages,), daemon=True).start()
 
     def _read(self, messages: Iterator[control_pb2.ControlMessage]) -> None:
         try:
             for msg in messages:
+                if msg.WhichOneof("body") == "abort":
+                    if self.on_abort is not None:
+                        self.on_abort(msg.abort)
+                    continue
                 self.queue.put(msg)
             self.closed_by_peer = True
         except grpc.RpcError:

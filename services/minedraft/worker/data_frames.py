@@ -1,0 +1,63 @@
+"""What the data plane's payloads hold, and how a frame lays them out.
+
+A payload travels as one fixed-size int64 frame (what does not fit follows it): a header of _HEADER slots
+(step, batch, k, has_probs, vocab, body length), then the body. Drafts: sequence ids, then the [B, k]
+tokens (q for sampled rows follows as its own float32 tensor). Verdicts: sequence ids, accepted counts,
+then the [B, k+1] tokens, -1 padded. A frame received into device memory can be used by views (the
+`Posted*` forms) before the host reads it; its header is checked once it does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_HEADER = 6  # step, batch, k, has_probs, vocab, body length
+_FRAME = 8192  # int64 slots of a payload's first message (64 KiB): ~900 sequences at k = 6
+
+
+@dataclass(slots=True)
+class DraftPayload:
+    step: int
+    seq_ids: list[int]
+    tokens: torch.Tensor  # [B, k]
+    probs: torch.Tensor | None  # [B, k, V]
+
+
+@dataclass(slots=True)
+class PostedDrafts:
+    tokens: torch.Tensor  # [B, k] on the device, valid once the stream reaches them
+    header: torch.Tensor  # step, batch, k, has_probs, vocab, body length, then the B sequence ids
+
+
+def expected_header(step: int, seq_ids: list[int], k: int) -> list[int]:
+    """What a posted frame's header must hold for an all-greedy payload of these sequences."""
+    return [step, len(seq_ids), k, 0, 0, len(seq_ids) * (k + 1), *seq_ids]
+
+
+@dataclass(slots=True)
+class PostedVerdict:
+    frame: torch.Tensor  # the used part of the frame on the device: header, sequence ids, accepted, tokens
+    accepted: torch.Tensor  # [B] and [B, k+1] (-1 padded) views, valid once the stream reaches them
+    tokens: torch.Tensor
+
+
+def expected_verdict_header(step: int, seq_ids: list[int], k: int) -> list[int]:
+    """What a posted verdict frame's header must hold for a verdict on these sequences."""
+    return [step, len(seq_ids), k, 0, 0, len(seq_ids) * (k + 3), *seq_ids]
+
+
+def split_verdict_frame(frame: list[int], batch: int, k: int) -> tuple[list[int], list[int], list[list[int]]]:
+    """A posted verdict frame read back: its header with the sequence ids, accepted counts, token rows."""
+    body = frame[_HEADER + batch :]
+    rows = [body[batch + i * (k + 1) : batch + (i + 1) * (k + 1)] for i in range(batch)]
+    return frame[: _HEADER + batch], body[:batch], rows
+
+
+@dataclass(slots=True)
+class VerdictPayload:
+    step: int
+    seq_ids: list[int]
+    tokens: torch.Tensor  # [B, k+1], -1 padded (received: on the host)
+    accepted: torch.Tensor  # [B]
