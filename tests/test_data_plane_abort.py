@@ -76,7 +76,7 @@ def test_drafts_received_after_an_abort_are_refused_and_the_step_runs_without_th
         plan = control_pb2.StepPlan(step=1, add=[control_pb2.SeqSpec(seq_id=5, tokens=[3, 4, 5])], verify_batch=[5],
                                     with_drafts=True, k=2)
         event = executor.handle_plan(plan)
-        assert event.data_plane_lost and executor.plane is None and not dist.is_initialized()
+        assert event.data_plane_lost and executor.plane is None
         assert (list(event.verdicts.seq_ids), list(event.verdicts.counts), list(event.verdicts.accepted)) == \
             ([5], [1], [0])  # verified alone, as in AR: the drafts that did arrive were not used
     finally:

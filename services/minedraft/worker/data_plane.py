@@ -63,16 +63,12 @@ class DataPlane:
         report = nccl_log() if backend == "nccl" else None
         report_start = report.mark() if report is not None else 0
         try:
-            dist.init_process_group(
-                backend,
-                store=dist.PrefixStore(f"epoch{epoch}", store),
-                rank=rank,
-                world_size=2,
-                timeout=timedelta(seconds=timeout_s),
-            )
-            # One group per direction: with NCCL each group has its own stream, so a verdict
-            # travelling one way never queues behind a draft payload travelling the other.
-            self.groups = {"drafts": dist.new_group([0, 1]), "verdicts": dist.new_group([0, 1])}
+            # One group per direction: with NCCL each group has its own stream, so a verdict travelling one
+            # way never queues behind a draft payload travelling the other. Bare backends, not registered with
+            # torch.distributed: an epoch's groups are dropped (or aborted) without touching any global state.
+            self.groups = {name: _bare_group(backend, dist.PrefixStore(f"epoch{epoch}/{name}", store), rank,
+                                             timeout_s, f"data-plane-{epoch}-{name}")
+                           for name in ("drafts", "verdicts")}
             self._connect_channels()
         except Exception as exc:  # the peer never arrived
             raise DataPlaneError(f"data plane epoch {epoch} did not form: {exc}") from exc
@@ -85,11 +81,11 @@ class DataPlane:
         token = torch.zeros(1, dtype=torch.int64, device=self.device)
         drafts, verdicts = self.groups["drafts"], self.groups["verdicts"]
         if self.rank == VERIFIER_RANK:
-            dist.recv(token, self.peer, group=drafts)
-            dist.send(token, self.peer, group=verdicts)
+            drafts.recv([token], self.peer, 0).wait()
+            verdicts.send([token], self.peer, 0).wait()
         else:
-            dist.send(token, self.peer, group=drafts)
-            dist.recv(token, self.peer, group=verdicts)
+            drafts.send([token], self.peer, 0).wait()
+            verdicts.recv([token], self.peer, 0).wait()
         if token.is_cuda:
             torch.cuda.synchronize(token.device)
 
@@ -98,16 +94,16 @@ class DataPlane:
             for work in self._pending:
                 work.wait()
             group = self.groups[channel]
-            works = [dist.isend(t.contiguous(), self.peer, group=group) for t in tensors]
-            self._pending = [w for w in works if w is not None]
-            self._keep = tensors  # alive until the isends complete
+            tensors = [t.contiguous() for t in tensors]
+            self._pending = [group.send([t], self.peer, 0) for t in tensors]
+            self._keep = tensors  # alive until the sends complete
         except Exception as exc:
             raise DataPlaneError(f"send to peer failed: {exc}") from exc
 
     def _recv(self, shape: tuple[int, ...], dtype: torch.dtype, channel: str) -> torch.Tensor:
         buf = torch.empty(shape, dtype=dtype, device=self.device)
         try:
-            dist.recv(buf, self.peer, group=self.groups[channel])
+            self.groups[channel].recv([buf], self.peer, 0).wait()
         except Exception as exc:
             raise DataPlaneError(f"receive from peer failed: {exc}") from exc
         return buf
@@ -146,7 +142,7 @@ class DataPlane:
             return
         frame = torch.empty(_FRAME, dtype=torch.int64, device=self.device)
         try:
-            self._posted[channel] = (frame, dist.irecv(frame, self.peer, group=self.groups[channel]))
+            self._posted[channel] = (frame, self.groups[channel].recv([frame], self.peer, 0))
         except Exception as exc:
             raise DataPlaneError(f"receive from peer failed: {exc}") from exc
 
@@ -229,17 +225,17 @@ class DataPlane:
 
     def abort(self) -> None:
         """From any thread, when the peer is known dead: NCCL never notices a dead peer (a receive waits for
-        the communicator's timeout, and the stream waits with it), so the plane's communicators are aborted
-        (torch's abort, which also forgets the groups: `close` must not destroy them again), ending the
-        pending operations; every receive then raises DataPlaneError. Gloo fails on its own once the
-        peer's socket closes."""
+        the communicator's timeout, and the stream waits with it), so the epoch's communicators are aborted,
+        which ends the pending operations; every receive then raises DataPlaneError. Gloo fails on its own
+        once the peer's socket closes."""
         self.aborted = True
-        if self.backend != "nccl" or not dist.is_initialized():
+        if self.backend != "nccl":
             return
-        try:
-            dist.distributed_c10d._abort_process_group()
-        except Exception as exc:  # already gone: nothing left to unblock
-            log.warning("aborting the data plane's communicators: %s", exc)
+        for group in list(self.groups.values()):
+            try:
+                group.abort()
+            except Exception as exc:  # already gone: nothing left to unblock
+                log.warning("aborting a data-plane communicator: %s", exc)
 
     def check(self) -> None:
         """Raise when the plane was aborted: whatever a receive returned since is not the peer's."""
@@ -247,18 +243,31 @@ class DataPlane:
             raise DataPlaneError(f"data plane epoch {self.epoch} aborted: the draft service is gone")
 
     def close(self) -> None:
-        self._posted.clear()  # an unanswered receive dies with the communicator below
+        self._posted.clear()  # an unanswered receive dies with the communicators below
         try:
             for work in [] if self.aborted else self._pending:
                 work.wait()
         except Exception:
             pass
-        if not dist.is_initialized():
-            return
-        if self.aborted and self.backend == "nccl":  # destroying aborted NCCL communicators corrupts the heap
-            dist.distributed_c10d._abort_process_group()
-        else:
-            dist.destroy_process_group()
+        self._pending, self._keep = [], []
+        for group in self.groups.values():
+            if not self.aborted and hasattr(group, "shutdown"):
+                try:
+                    group.shutdown()  # NCCL: free the communicators now (an aborted one is left to its destructor)
+                except Exception as exc:
+                    log.warning("closing a data-plane communicator: %s", exc)
+        self.groups = {}
+
+
+def _bare_group(backend: str, store: dist.Store, rank: int, timeout_s: float, name: str) -> dist.ProcessGroup:
+    """A two-rank backend of its own (like the tensor-parallel group), outside torch.distributed's registry."""
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = False
+        options._timeout = timedelta(seconds=timeout_s)
+        options.group_name = name  # names its logs and watchdog
+        return dist.ProcessGroupNCCL(store, rank, 2, options)
+    return dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=timeout_s))
 
 
 class PlaneOwner:
