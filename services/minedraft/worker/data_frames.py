@@ -1,6 +1,6 @@
 """What the data plane's payloads hold, and how a frame lays them out.
 
-A payload travels as one fixed-size int64 frame (what does not fit follows it): a header of _HEADER slots
+A payload travels as one fixed-size int64 frame (what does not fit follows it): a header of HEADER_SLOTS slots
 (step, batch, k, has_probs, vocab, body length), then the body. Drafts: sequence ids, then the [B, k]
 tokens (q for sampled rows follows as its own float32 tensor). Verdicts: sequence ids, accepted counts,
 then the [B, k+1] tokens, -1 padded. A frame received into device memory can be used by views (the
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-_HEADER = 6  # step, batch, k, has_probs, vocab, body length
-_FRAME = 8192  # int64 slots of a payload's first message (64 KiB): ~900 sequences at k = 6
+HEADER_SLOTS = 6  # step, batch, k, has_probs, vocab, body length
+FRAME_SLOTS = 8192  # int64 slots of a payload's first message (64 KiB): ~900 sequences at k = 6
 
 
 @dataclass(slots=True)
@@ -50,9 +50,9 @@ def expected_verdict_header(step: int, seq_ids: list[int], k: int) -> list[int]:
 
 def split_verdict_frame(frame: list[int], batch: int, k: int) -> tuple[list[int], list[int], list[list[int]]]:
     """A posted verdict frame read back: its header with the sequence ids, accepted counts, token rows."""
-    body = frame[_HEADER + batch :]
+    body = frame[HEADER_SLOTS + batch :]
     rows = [body[batch + i * (k + 1) : batch + (i + 1) * (k + 1)] for i in range(batch)]
-    return frame[: _HEADER + batch], body[:batch], rows
+    return frame[: HEADER_SLOTS + batch], body[:batch], rows
 
 
 @dataclass(slots=True)

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from minedraft.core.errors import MinedraftError
 from minedraft.engine.transfer import to_device
 from minedraft.worker.data_frames import (
-    _FRAME,
-    _HEADER,
+    FRAME_SLOTS,
+    HEADER_SLOTS,
     DraftPayload,
     PostedDrafts,
     PostedVerdict,
@@ -30,6 +30,8 @@ from minedraft.worker.nccl_report import nccl_log
 log = logging.getLogger(__name__)
 VERIFIER_RANK = 0
 DRAFT_RANK = 1
+
+
 class DataPlaneError(MinedraftError):
     """The peer is gone or the transport failed; the caller falls back."""
 
@@ -112,10 +114,10 @@ class DataPlane:
                     extra: list[torch.Tensor] | None = None) -> None:
         """Header and int64 body in one fixed-size message (what does not fit follows it), so
         the receiver needs one receive and one host synchronisation per payload."""
-        head = torch.zeros(_HEADER, dtype=torch.int64)
+        head = torch.zeros(HEADER_SLOTS, dtype=torch.int64)
         head[: len(header)] = torch.tensor(header, dtype=torch.int64)
-        head[_HEADER - 1] = body.numel()
-        room = _FRAME - _HEADER
+        head[HEADER_SLOTS - 1] = body.numel()
+        room = FRAME_SLOTS - HEADER_SLOTS
         first = body[:room]
         frame = torch.cat((to_device(head, self.device), first,
                            torch.zeros(room - first.numel(), dtype=torch.int64, device=self.device)))
@@ -135,12 +137,12 @@ class DataPlane:
 
     def can_take_verdict(self, batch: int, k: int) -> bool:
         """Whether `take_posted_verdict` will give a verdict of `batch` rows of width k + 1."""
-        return "verdicts" in self._posted and batch * (k + 3) <= _FRAME - _HEADER
+        return "verdicts" in self._posted and batch * (k + 3) <= FRAME_SLOTS - HEADER_SLOTS
 
     def _post_receive(self, channel: str) -> None:
         if channel in self._posted:
             return
-        frame = torch.empty(_FRAME, dtype=torch.int64, device=self.device)
+        frame = torch.empty(FRAME_SLOTS, dtype=torch.int64, device=self.device)
         try:
             self._posted[channel] = (frame, self.groups[channel].recv([frame], self.peer, 0))
         except Exception as exc:
@@ -151,11 +153,11 @@ class DataPlane:
         host (launch-ahead): its tokens [batch, k] (the stream waits for the receive, the host does
         not) and its header + sequence ids, which the caller checks once it reads them back. None when
         no receive is posted or the payload would not fit one frame."""
-        if "drafts" not in self._posted or batch + batch * k > _FRAME - _HEADER:
+        if "drafts" not in self._posted or batch + batch * k > FRAME_SLOTS - HEADER_SLOTS:
             return None
         frame = self._claim_posted("drafts")
-        tokens = frame[_HEADER + batch : _HEADER + batch + batch * k].view(batch, k)
-        return PostedDrafts(tokens, frame[: _HEADER + batch])
+        tokens = frame[HEADER_SLOTS + batch : HEADER_SLOTS + batch + batch * k].view(batch, k)
+        return PostedDrafts(tokens, frame[: HEADER_SLOTS + batch])
 
     def take_posted_verdict(self, batch: int, k: int) -> PostedVerdict | None:
         """The posted verdict frame as device views (accepted counts, token rows, header), for drafts
@@ -163,8 +165,8 @@ class DataPlane:
         `batch` rows of width k + 1 would not fit one frame."""
         if not self.can_take_verdict(batch, k):
             return None
-        frame = self._claim_posted("verdicts")[: _HEADER + batch * (k + 3)]
-        accepted, tokens = frame[_HEADER + batch : _HEADER + 2 * batch], frame[_HEADER + 2 * batch :]
+        frame = self._claim_posted("verdicts")[: HEADER_SLOTS + batch * (k + 3)]
+        accepted, tokens = frame[HEADER_SLOTS + batch : HEADER_SLOTS + 2 * batch], frame[HEADER_SLOTS + 2 * batch :]
         return PostedVerdict(frame, accepted, tokens.view(batch, k + 1))
 
     def _claim_posted(self, channel: str) -> torch.Tensor:
@@ -178,7 +180,7 @@ class DataPlane:
 
     def _take_frame(self, channel: str) -> torch.Tensor:
         if channel not in self._posted:
-            return self._recv((_FRAME,), torch.int64, channel)
+            return self._recv((FRAME_SLOTS,), torch.int64, channel)
         return self._claim_posted(channel)
 
     def _recv_frame(self, channel: str) -> tuple[list[int], torch.Tensor, torch.Tensor]:
@@ -186,15 +188,15 @@ class DataPlane:
         frame = self._take_frame(channel)
         host = frame.cpu()
         self.check()
-        header = host[:_HEADER].tolist()
-        length = header[_HEADER - 1]
-        room = _FRAME - _HEADER
-        body = frame[_HEADER : _HEADER + min(length, room)]
+        header = host[:HEADER_SLOTS].tolist()
+        length = header[HEADER_SLOTS - 1]
+        room = FRAME_SLOTS - HEADER_SLOTS
+        body = frame[HEADER_SLOTS : HEADER_SLOTS + min(length, room)]
         if length > room:
             rest = self._recv((length - room,), torch.int64, channel)
             body = torch.cat((body, rest))
             host = torch.cat((host, rest.cpu()))
-        return header, host[_HEADER : _HEADER + length], body
+        return header, host[HEADER_SLOTS : HEADER_SLOTS + length], body
 
     def _ids(self, seq_ids: list[int]) -> torch.Tensor:
         return to_device(torch.tensor(seq_ids, dtype=torch.int64), self.device)
