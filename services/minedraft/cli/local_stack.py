@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,9 +25,36 @@ from pathlib import Path
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free now, picked below the kernel's ephemeral range and never twice by this process: a port
+    the kernel hands out (port 0) can be handed out again to another socket (a client connection, a gloo or
+    store listener) before the child that was meant to bind it starts, and that child then dies on 'address
+    in use'."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = _PICKS.randrange(max(1024, low - 12000), low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    with socket.socket() as s:  # that whole range is busy: let the kernel choose
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_PICKS = random.Random()
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 @dataclass(slots=True)
