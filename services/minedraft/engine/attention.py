@@ -106,6 +106,23 @@ def _torch_metadata(
     return meta
 
 
+def take_rows(x: torch.Tensor, pick: torch.Tensor) -> torch.Tensor:
+    """x [B, Q, ...] at the query indices pick [B, n] -> [B, n, ...]."""
+    index = pick.view(*pick.shape, *([1] * (x.dim() - 2))).expand(*pick.shape, *x.shape[2:])
+    return x.gather(1, index)
+
+
+def select_queries(meta: AttentionMetadata, pick: torch.Tensor) -> AttentionMetadata:
+    """The torch path's metadata for the queries at pick [B, n] alone (their keys are stored already)."""
+    assert meta.key_mask is not None, "select_queries needs the torch path's metadata"
+    mask = meta.key_mask
+    index = pick.view(pick.shape[0], 1, pick.shape[1], 1).expand(-1, 1, -1, mask.shape[-1])
+    positions = meta.positions.gather(1, pick)
+    return AttentionMetadata(positions, meta.slot_mapping.gather(1, pick), meta.block_tables, meta.starts,
+                             meta.query_lens, meta.sliding_window, meta.backend, key_blocks=meta.key_blocks,
+                             key_mask=mask.gather(2, index))
+
+
 def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
 ) -> None:

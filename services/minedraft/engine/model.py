@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from minedraft.engine.attention import AttentionMetadata, paged_attention
+from minedraft.engine.attention import AttentionMetadata, paged_attention, select_queries, take_rows
 from minedraft.engine.config import ModelConfig
 from minedraft.engine.fused import add_rms_norm, rope_and_store
 from minedraft.engine.layers import (
@@ -55,13 +55,17 @@ class Attention(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
+        pick: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        batch, width, _ = x.shape
+        """Every token's keys and values are stored; with `pick` ([B, n] query indices) only those
+        queries attend and come out ([B, n, hidden])."""
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
         qk_norm = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
         q = rope_and_store(qkv, cos_sin, kv, meta, self.num_heads, self.num_kv_heads, self.head_dim, qk_norm)
+        if pick is not None:
+            q, meta = take_rows(q, pick), select_queries(meta, pick)
         out = paged_attention(q, kv[0], kv[1], meta, self.scale)
-        return linear(out.reshape(batch, width, -1), self.o_weight)
+        return linear(out.reshape(*out.shape[:2], -1), self.o_weight)
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -93,11 +97,15 @@ class DecoderLayer(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
+        pick: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: the previous layer's (reduced) output, not yet added to `residual`."""
+        """x: the previous layer's (reduced) output, not yet added to `residual`. With `pick`, only those
+        rows go on past the attention (see `CausalLM.forward`)."""
         norm_in, norm_post = self.input_layernorm, self.post_attention_layernorm
         h, residual = add_rms_norm(x, residual, norm_in.weight, norm_in.eps, meta.backend)
-        attn = self.reduce(self.self_attn(h, cos_sin, kv, meta))
+        attn = self.reduce(self.self_attn(h, cos_sin, kv, meta, pick))
+        if pick is not None:
+            residual = take_rows(residual, pick)
         h, residual = add_rms_norm(attn, residual, norm_post.weight, norm_post.eps, meta.backend)
         return self.reduce(self.mlp(h, meta.backend)), residual
 
@@ -133,13 +141,25 @@ class CausalLM(nn.Module):
         input_ids: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        pick: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run [B, Q] tokens through the decoder, writing their KV; returns [B, Q, hidden]."""
+        """Run [B, Q] tokens through the decoder, writing their KV; returns [B, Q, hidden], or with `pick`
+        ([B, n] query indices) the hidden states of those rows only, [B, n, hidden].
+
+        Only the last layer's keys and values of the other rows are ever read, and they come from its
+        input: on the torch path (CPU) the last layer runs its attention output, MLP and the final norm on
+        the picked rows alone. A prompt's prefill then pays one layer's K/V projections for all but its
+        last rows instead of the whole layer, which for a one-layer draft is most of its prefill."""
         x = self.model.embed_tokens(input_ids)
         residual: torch.Tensor | None = None
         cos_sin = self.model.rotary.cos_sin(meta.positions)
-        for layer, kv in zip(self.model.layers, kv_caches, strict=True):
-            x, residual = layer(x, residual, cos_sin, kv, meta)
+        narrow = pick if pick is not None and meta.backend == "torch" and pick.shape[1] < input_ids.shape[1] else None
+        last = len(self.model.layers) - 1
+        for i, (layer, kv) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+            x, residual = layer(x, residual, cos_sin, kv, meta, narrow if i == last else None)
+        assert residual is not None
+        if pick is not None and narrow is None and input_ids.shape[1] > 1:  # one row each: pick is the identity
+            x, residual = take_rows(x, pick), take_rows(residual, pick)
         norm = self.model.norm
         return add_rms_norm(x, residual, norm.weight, norm.eps, meta.backend)[0]
 

@@ -106,10 +106,8 @@ class ModelRunner:
         """The model step on device tensors only (what a CUDA graph captures)."""
         meta = build_metadata(starts, query_lens, ids.shape[1], block_tables, self.cache.block_size,
                               self.config.sliding_window, self.backend)
-        hidden = self.model(ids, meta, self.cache.layers)
         pick = (query_lens.unsqueeze(1) - last_n + torch.arange(last_n, device=ids.device)).clamp(min=0)
-        chosen = hidden.gather(1, pick.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
-        return self.model.logits(chosen)
+        return self.model.logits(self.model(ids, meta, self.cache.layers, pick))
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         self.cache.allocator.truncate(seq_id, num_tokens)
