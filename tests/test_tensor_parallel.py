@@ -61,8 +61,10 @@ def test_indivisible_shapes_are_refused(tmp_path: Path) -> None:
         load_model(tmp_path / "m", tp=TPContext(rank=0, size=2))
 
 
-def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path) -> None:
-    """Verifier rank 0 drives rank 1 step by step; greedy PSD output is still exactly AR."""
+@pytest.mark.parametrize("launch_ahead", ["off", "on"])
+def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path, launch_ahead: str) -> None:
+    """Verifier rank 0 drives rank 1 step by step; greedy PSD output is still exactly AR. With launch-ahead
+    both ranks queue the next verify before committing the current one (rank 1 told over its host channel)."""
     import asyncio
 
     from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
@@ -73,7 +75,8 @@ def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path) -> N
     engine = LLMEngine.from_folders(tmp_path / "target", None, EngineConfig(mode="ar"))
     expected = [r.output_ids for r in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
     cfg = StackConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), grpc_port=free_port(),
-                      http_port=free_port(), k=3, num_blocks=256, tp_size=2, log_dir=tmp_path / "logs")
+                      http_port=free_port(), k=3, num_blocks=256, tp_size=2, log_dir=tmp_path / "logs",
+                      process_env={name: {"MINEDRAFT_LAUNCH_AHEAD": launch_ahead} for name in ("verifier", "draft")})
     stack = LocalStack(cfg)
     try:
         stack.start(timeout=120)
@@ -84,5 +87,7 @@ def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path) -> N
 
         assert asyncio.run(run_all()) == expected
         assert worker_info(stack.target_port).num_blocks == 256
+        launched = "verifies are launched ahead" in (tmp_path / "logs" / "verifier.log").read_text()
+        assert launched == (launch_ahead == "on")
     finally:
         stack.stop()

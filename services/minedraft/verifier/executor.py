@@ -16,14 +16,14 @@ from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
 from minedraft.verifier.colocated import ColocatedDrafter
 from minedraft.verifier.launch_ahead import LaunchedStep, launchable_ids
+from minedraft.verifier.tp_follower import verify_ids
 from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_header
 from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError, PlaneOwner, setup_timeout_s
 from minedraft.worker.info import worker_info
 from minedraft.worker.membership import apply_membership, forget_all
 from minedraft.worker.placement import COLOCATED_VERIFIER_ROLE, device_identity
 from minedraft.worker.step_timing import timed
-from minedraft.worker.torch_profile import StepProfiler
-from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, KIND_STOP, StepBroadcast
+from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, StepBroadcast
 
 log = logging.getLogger(__name__)
 NEXT_PLAN_POLL_S = 0.00005
@@ -40,32 +40,6 @@ def align_drafts(payload: DraftPayload, seq_ids: list[int]) -> Proposal:
     rows = to_device(torch.tensor([row_of[s] for s in seq_ids], dtype=torch.long), payload.tokens.device)
     probs = payload.probs[rows] if payload.probs is not None else None
     return Proposal(payload.tokens[rows], probs)
-
-
-def verify_ids(worker: Verifier, plan: control_pb2.StepPlan) -> list[int]:
-    return [s for s in plan.verify_batch if s in worker.seqs]
-
-
-def follow(worker: Verifier, channel: StepBroadcast, role: str = "verifier-tp") -> None:
-    """A tensor-parallel rank > 0: run every step rank 0 announces, until told to stop. With
-    MINEDRAFT_TORCH_PROFILE_DIR it opens profiling windows like rank 0 (request file `<role>.request`)."""
-    window = StepProfiler.from_env(role, worker.runner.device)
-    while True:
-        msg = channel.receive()
-        if msg.kind == KIND_STOP:
-            return
-        if msg.kind == KIND_RESET:
-            forget_all(worker)
-            continue
-        assert msg.plan is not None
-        if window is not None:
-            window.before_step(msg.plan.step)
-        apply_membership(worker, msg.plan)
-        ids = verify_ids(worker, msg.plan)
-        if ids:
-            worker.verify(ids, msg.proposal)
-        if window is not None:
-            window.after_step()
 
 
 class VerifierExecutor(PlaneOwner):
@@ -143,6 +117,7 @@ class VerifierExecutor(PlaneOwner):
             log.error("plan %d arrived where %d was launched ahead; re-syncing the draft service", plan.step,
                       launched.plan.step)
             self._drop_plane()  # the draft service already has a verdict this worker never committed
+        dropped = launched is not None  # the followers forget it uncommitted too
         event = control_pb2.WorkerEvent(step=plan.step)
         timing = event.timing
         payload = None
@@ -163,7 +138,7 @@ class VerifierExecutor(PlaneOwner):
             # Drafts that arrive for an AR plan (drafting was just switched off) are dropped.
             proposal = align_drafts(payload, ids) if payload is not None and plan.with_drafts else None
             if self.followers is not None:
-                self.followers.send(KIND_PLAN, plan, proposal)
+                self.followers.send(KIND_PLAN, plan, proposal, drop=dropped)
             started = device_mark(self.device) if self.colocated is None else None
             with timed(timing, "compute_ms"):
                 verdict = self.worker.judge(ids, proposal)
@@ -176,7 +151,7 @@ class VerifierExecutor(PlaneOwner):
             self._commit(ids, readback, event)
         else:
             if self.followers is not None:
-                self.followers.send(KIND_PLAN, plan, None)
+                self.followers.send(KIND_PLAN, plan, None, drop=dropped)
             empty = VerdictPayload(plan.step, ids, torch.zeros((0, plan.k + 1), dtype=torch.long),
                                    torch.zeros(0, dtype=torch.long))
             self._hand_on(plan, empty, timing, event)
@@ -211,9 +186,9 @@ class VerifierExecutor(PlaneOwner):
 
     def _launch_next(self, plan: control_pb2.StepPlan, ids: list[int], event: control_pb2.WorkerEvent,
                      readback: Readback) -> None:
-        """Queue the next plan's verify now when launch_ahead.py's conditions hold (one rank, no colocated
-        draft)."""
-        if not self.launch_ahead or self.plane is None or self.followers is not None or self.colocated is not None:
+        """Queue the next plan's verify now when launch_ahead.py's conditions hold (no colocated draft); the
+        tensor-parallel followers are told to queue it ahead too."""
+        if not self.launch_ahead or self.plane is None or self.colocated is not None:
             return
         nxt = self._await_next(readback)
         if nxt is None:
@@ -234,6 +209,8 @@ class VerifierExecutor(PlaneOwner):
                 # A frame cut short by an abort holds garbage: keep every id valid (greedy verification is
                 # exact whatever the drafts, and the step is reported lost at commit).
                 drafts = posted.tokens.clamp(0, self.worker.vocab_size - 1)
+                if self.followers is not None:
+                    self.followers.send(KIND_PLAN, nxt, Proposal(drafts, None), ahead=True)
                 verdict = self.worker.judge(next_ids, Proposal(drafts, None))
         except DataPlaneError as exc:
             log.warning("draft service lost at step %d: %s", plan.step, exc)

@@ -9,8 +9,9 @@ longer idles through the host's read-back, bookkeeping, event and next-plan prep
 
 Only the plain case is launched ahead: the next plan verifies exactly the batch this plan drafts (same
 order), removes none of this plan's sequences, every row is greedy and in the steady state (one
-committed token not yet in the KV), tensor parallelism and the colocated draft are off, and the
-payload fits one frame. Everything else takes the ordinary path. The drafts' header travels back
+committed token not yet in the KV), the colocated draft is off, and the payload fits one frame.
+Everything else takes the ordinary path. Tensor-parallel followers get the plan over their host
+channel and queue the same verify ahead (verifier/tp_follower.py). The drafts' header travels back
 with the verdict and is checked when the step commits; a mismatch (which the plan rules out) is
 reported as a broken data plane, so the draft service is re-synced. Greedy verification is exact for
 any drafts, so even then no output token is wrong.

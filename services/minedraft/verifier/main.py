@@ -57,7 +57,8 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     from minedraft.engine.loader import load_model
     from minedraft.engine.runner import ModelRunner
     from minedraft.engine.verifier import Verifier
-    from minedraft.verifier.executor import VerifierExecutor, follow
+    from minedraft.verifier.executor import VerifierExecutor
+    from minedraft.verifier.tp_follower import follow
     from minedraft.worker.process import load_runner, prepare_process, run_worker
     from minedraft.worker.rendezvous import host_store
     from minedraft.worker.tp_group import KIND_STOP, StepBroadcast, join_tp_group
@@ -68,8 +69,8 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     channel = None
     if args.tp_size > 1:
         host, _, port = args.tp_addr.rpartition(":")
-        tp, _store = join_tp_group(host, int(port), args.tp_rank, args.tp_size, torch.device(args.device))
-        channel = StepBroadcast(tp, torch.device(args.device))
+        tp, tp_store = join_tp_group(host, int(port), args.tp_rank, args.tp_size, torch.device(args.device))
+        channel = StepBroadcast(tp, torch.device(args.device), tp_store)
     if tp is not None and tp.rank > 0:
         assert channel is not None
         worker = Verifier(load_runner(args, tp, load))
@@ -81,7 +82,9 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     def make_executor(runner: ModelRunner) -> VerifierExecutor:
         store = host_store(args.host, args.data_port)
         logging.info("data plane rendezvous store listening on %s:%d only", args.host, store.port)
-        launch_ahead = args.launch_ahead == "on" or (args.launch_ahead == "auto" and runner.device.type == "cuda")
+        # auto: one GPU only; with tensor-parallel followers it has not paid yet (docs/benchmarks/gpu.md)
+        auto = runner.device.type == "cuda" and args.tp_size == 1
+        launch_ahead = args.launch_ahead == "on" or (args.launch_ahead == "auto" and auto)
         return VerifierExecutor(Verifier(runner), store, args.host, store.port, channel,
                                 colocated_drafter(args, load), launch_ahead)
 

@@ -50,7 +50,8 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--launch-ahead", choices=("auto", "on", "off"), default=env("LAUNCH_AHEAD", "auto"),
                         help="queue the next PSD step on the device before this one's result is read back: the "
                              "verifier's next verify, the draft's next drafts from a verdict still on the device "
-                             "(verifier/ and draft_service/launch_ahead.py); auto = on for a GPU "
+                             "(verifier/ and draft_service/launch_ahead.py); auto = on for a GPU (the verifier: a GPU "
+                             "and no tensor parallelism) "
                              "[MINEDRAFT_LAUNCH_AHEAD]")
     if role == "verifier":
         parser.add_argument("--tp-size", type=int, default=int(env("TP_SIZE", "1")),
