@@ -18,6 +18,8 @@ from minedraft.engine.attention import AttentionMetadata, write_kv
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Root-mean-square norm computed in float32, rounded back before the weight, as HF does."""
     dtype = x.dtype
+    if dtype == torch.float32 and weight.dtype == dtype:  # nothing to round: torch's fused kernel, same floats
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(dtype)
@@ -63,13 +65,17 @@ def rope_and_store(
 
         return rope_store_triton(qkv, cos, sin, meta.slot_mapping, kv[0], kv[1], num_heads, num_kv_heads, head_dim)
     batch, width, _ = qkv.shape
-    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
-    q = q.reshape(batch, width, num_heads, head_dim)
-    k = k.reshape(batch, width, num_kv_heads, head_dim)
-    if qk_norm is not None:
-        q, k = qk_norm[0](q), qk_norm[1](k)
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-    write_kv(kv[0], kv[1], k, v.reshape(batch, width, num_kv_heads, head_dim), meta)
+    q_width = num_heads * head_dim
+    v = qkv[..., q_width + num_kv_heads * head_dim :].reshape(batch, width, num_kv_heads, head_dim)
+    if qk_norm is None:  # q and k side by side in the projection: one rotation for both (fewer small ops)
+        qk = rotate(qkv[..., : q_width + num_kv_heads * head_dim].view(batch, width, -1, head_dim), cos, sin)
+        q, k = qk[:, :, :num_heads], qk[:, :, num_heads:]
+    else:
+        q = qk_norm[0](qkv[..., :q_width].reshape(batch, width, num_heads, head_dim))
+        k = qk_norm[1](qkv[..., q_width : q_width + num_kv_heads * head_dim].reshape(batch, width, num_kv_heads,
+                                                                                   head_dim))
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    write_kv(kv[0], kv[1], k, v, meta)
     return q
 
 
