@@ -91,3 +91,28 @@ def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path, laun
         assert launched == (launch_ahead == "on")
     finally:
         stack.stop()
+
+
+def test_a_follower_leaves_when_rank_0_dies(tmp_path: Path) -> None:
+    """Rank 1 waits for its next step on the host channel without a deadline (a server may idle for
+    days); rank 0's death must still end that wait, so the launcher or Kubernetes restarts the group."""
+    import time
+
+    from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
+
+    make_hf_model(tmp_path / "target", "qwen2", seed=21)
+    make_hf_model(tmp_path / "draft", "qwen2", seed=22, num_hidden_layers=1)
+    cfg = StackConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), grpc_port=free_port(),
+                      http_port=free_port(), k=3, num_blocks=256, tp_size=2, log_dir=tmp_path / "logs")
+    stack = LocalStack(cfg)
+    try:
+        stack.start(timeout=120)
+        follower = stack.procs["verifier-tp1"]
+        stack.kill("verifier")
+        deadline = time.monotonic() + 30
+        while follower.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert follower.poll() not in (None, 0)
+        assert "Connection closed by peer" in (tmp_path / "logs" / "verifier-tp1.log").read_text()
+    finally:
+        stack.stop()
