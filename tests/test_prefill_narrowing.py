@@ -41,3 +41,13 @@ def test_narrowed_prefill_then_decode_match_transformers(tmp_path: Path, arch: s
         steps = [ours.forward([row], [[t]], [pos], last_n=1)[0, 0] for pos, t in enumerate(ids[len(prompt):],
                                                                                            len(prompt))]
         assert relative_error(torch.stack(steps), ref[len(prompt):]) < 1e-4
+
+
+def test_asking_for_more_positions_than_were_fed_repeats_the_first(tmp_path: Path) -> None:
+    """The runner's contract for rows that fed fewer tokens than `last_n`, also when every row fed one."""
+    make_hf_model(tmp_path, "llama", seed=6)
+    ours = ModelRunner(load_model(tmp_path), num_blocks=64, block_size=4)
+    ours.forward([0], [[3, 4, 5]], [0], last_n=1)
+    out = ours.forward([0], [[6]], [3], last_n=3)
+    assert out.shape == (1, 3, 97)
+    assert torch.equal(out[0, 0], out[0, 2]) and torch.equal(out[0, 1], out[0, 2])

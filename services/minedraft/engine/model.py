@@ -158,7 +158,7 @@ class CausalLM(nn.Module):
         for i, (layer, kv) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
             x, residual = layer(x, residual, cos_sin, kv, meta, narrow if i == last else None)
         assert residual is not None
-        if pick is not None and narrow is None and input_ids.shape[1] > 1:  # one row each: pick is the identity
+        if pick is not None and narrow is None and max(input_ids.shape[1], pick.shape[1]) > 1:  # else the identity
             x, residual = take_rows(x, pick), take_rows(residual, pick)
         norm = self.model.norm
         return add_rms_norm(x, residual, norm.weight, norm.eps, meta.backend)[0]
