@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
 from minedraft.core.errors import ModelLoadError
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
@@ -61,23 +64,24 @@ def test_indivisible_shapes_are_refused(tmp_path: Path) -> None:
         load_model(tmp_path / "m", tp=TPContext(rank=0, size=2))
 
 
+def tp_pair_stack(tmp_path: Path, **fields: object) -> LocalStack:
+    """A random qwen2 pair served with a two-rank tensor-parallel verifier (not started)."""
+    make_hf_model(tmp_path / "target", "qwen2", seed=21)
+    make_hf_model(tmp_path / "draft", "qwen2", seed=22, num_hidden_layers=1)
+    return LocalStack(StackConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"),
+                                  grpc_port=free_port(), http_port=free_port(), k=3, num_blocks=256, tp_size=2,
+                                  log_dir=tmp_path / "logs", **fields))
+
+
 @pytest.mark.parametrize("launch_ahead", ["off", "on"])
 def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path, launch_ahead: str) -> None:
     """Verifier rank 0 drives rank 1 step by step; greedy PSD output is still exactly AR. With launch-ahead
     both ranks queue the next verify before committing the current one (rank 1 told over its host channel)."""
-    import asyncio
-
-    from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
-
-    make_hf_model(tmp_path / "target", "qwen2", seed=21)
-    make_hf_model(tmp_path / "draft", "qwen2", seed=22, num_hidden_layers=1)
+    stack = tp_pair_stack(tmp_path, process_env={name: {"MINEDRAFT_LAUNCH_AHEAD": launch_ahead}
+                                                 for name in ("verifier", "draft")})
     prompts = [[3 + i, 7, 9 + i] for i in range(6)]
     engine = LLMEngine.from_folders(tmp_path / "target", None, EngineConfig(mode="ar"))
     expected = [r.output_ids for r in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
-    cfg = StackConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), grpc_port=free_port(),
-                      http_port=free_port(), k=3, num_blocks=256, tp_size=2, log_dir=tmp_path / "logs",
-                      process_env={name: {"MINEDRAFT_LAUNCH_AHEAD": launch_ahead} for name in ("verifier", "draft")})
-    stack = LocalStack(cfg)
     try:
         stack.start(timeout=120)
         assert "verifier-tp1" in stack.procs
@@ -96,15 +100,7 @@ def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path, laun
 def test_a_follower_leaves_when_rank_0_dies(tmp_path: Path) -> None:
     """Rank 1 waits for its next step on the host channel without a deadline (a server may idle for
     days); rank 0's death must still end that wait, so the launcher or Kubernetes restarts the group."""
-    import time
-
-    from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
-
-    make_hf_model(tmp_path / "target", "qwen2", seed=21)
-    make_hf_model(tmp_path / "draft", "qwen2", seed=22, num_hidden_layers=1)
-    cfg = StackConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"), grpc_port=free_port(),
-                      http_port=free_port(), k=3, num_blocks=256, tp_size=2, log_dir=tmp_path / "logs")
-    stack = LocalStack(cfg)
+    stack = tp_pair_stack(tmp_path)
     try:
         stack.start(timeout=120)
         follower = stack.procs["verifier-tp1"]

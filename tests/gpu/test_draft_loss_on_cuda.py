@@ -9,20 +9,19 @@ whose reduction order depends on the batch shape can flip a near-tie, so two row
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
 from minedraft.bench.client import generate_all
-from minedraft.bundled import TINY_DRAFT, TINY_TARGET
-from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
+from minedraft.bundled import TINY_TARGET
+from minedraft.cli.local_stack import LocalStack
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.llm_engine import EngineConfig, LLMEngine
+from tests.gpu.stacks import running, two_gpu_stack
 
 NCCL_TIMEOUT_S = 20  # the data plane's default; a stall this long means the abort did not work
 MAX_STALL_S = 5.0
@@ -32,20 +31,8 @@ MAX_STALL_S = 5.0
 def split_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA devices")
-    logs: Path = tmp_path_factory.mktemp("loss_logs")
-    cfg = StackConfig(target=str(TINY_TARGET), draft=str(TINY_DRAFT), grpc_port=free_port(), http_port=free_port(),
-                      target_device="cuda:0", draft_device="cuda:1", mode="psd", k=4, num_blocks=1024,
-                      dtype="float32", data_plane_backend="nccl", log_dir=logs,
-                      extra_env={"NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0"),
-                                 **{k: v for k, v in os.environ.items() if k.startswith("TORCH_NCCL_")}})
-    stack = LocalStack(cfg)
-    try:
-        stack.start(timeout=240)
+    with running(two_gpu_stack(tmp_path_factory.mktemp("loss_logs")), show_logs=True) as stack:
         yield stack
-    finally:
-        for f in sorted(logs.glob("*.log")):
-            print(f"--- {f.name}\n" + "\n".join(f.read_text(errors="ignore").splitlines()[-25:]))
-        stack.stop()
 
 
 def test_killing_the_draft_mid_psd_stalls_nothing_for_long(split_stack: LocalStack) -> None:

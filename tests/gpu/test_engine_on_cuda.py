@@ -13,21 +13,20 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import torch
 
 from minedraft.bench.client import generate_all, put_policy
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
-from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
+from minedraft.cli.local_stack import LocalStack
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.engine.llm_engine import EngineConfig, LLMEngine
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
+from tests.gpu.stacks import running, two_gpu_stack
 
 PROMPTS = ["def main(argv):\n    ", "import os\nimport sys\n\n\nclass ", "    return self._", "x = ",
            "for i in range(", "with open(path) as f:\n", "try:\n    import", "@property\ndef "] * 4
@@ -78,21 +77,8 @@ def test_greedy_sd_agrees_with_ar_and_frees_every_block(dtype: torch.dtype, cuda
 def tp_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA devices")
-    logs: Path = tmp_path_factory.mktemp("tp_logs")
-    cfg = StackConfig(target=str(TINY_TARGET), draft=str(TINY_DRAFT), grpc_port=free_port(), http_port=free_port(),
-                      tp_size=2, target_device="cuda:0,cuda:1", draft_device="cuda:1", mode="psd", k=4,
-                      num_blocks=1024, dtype="float32", data_plane_backend="nccl", log_dir=logs,
-                      extra_env={"NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")})
-    stack = LocalStack(cfg)
-    try:
-        stack.start(timeout=240)
+    with running(two_gpu_stack(tmp_path_factory.mktemp("tp_logs"), tp_size=2, target_device="cuda:0,cuda:1")) as stack:
         yield stack
-    except Exception:
-        for f in sorted(logs.glob("*.log")):
-            print(f"--- {f.name}\n" + "\n".join(f.read_text(errors="ignore").splitlines()[-15:]))
-        raise
-    finally:
-        stack.stop()
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from minedraft.bench.client import generate_all
-from minedraft.bundled import TINY_DRAFT, TINY_TARGET
-from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
+from minedraft.bundled import TINY_TARGET
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.llm_engine import EngineConfig, LLMEngine
+from tests.gpu.stacks import running, two_gpu_stack
 
 PROMPTS = [[1, 5 + i, 9, 13 + 2 * i, 4] for i in range(16)]
 MAX_TOKENS = 96
@@ -29,22 +29,14 @@ MAX_TOKENS = 96
 
 def run_stack(logs: Path, launch_ahead: str) -> tuple[list[list[int]], float, str]:
     env = {"MINEDRAFT_LAUNCH_AHEAD": launch_ahead}
-    cfg = StackConfig(target=str(TINY_TARGET), draft=str(TINY_DRAFT), grpc_port=free_port(), http_port=free_port(),
-                      target_device="cuda:0,cuda:1", draft_device="cuda:1", tp_size=2, mode="psd", k=4,
-                      num_blocks=1024, dtype="float32", data_plane_backend="nccl", log_dir=logs,
-                      extra_env={"NCCL_NVLS_ENABLE": os.environ.get("NCCL_NVLS_ENABLE", "0")},
-                      process_env={"verifier": env, "draft": env})
-    stack = LocalStack(cfg)
-    try:
-        stack.start(timeout=300)
-        asyncio.run(generate_all(cfg.grpc_port, PROMPTS, 16))  # warm-up: graphs at every batch size, communicators
+    stack = two_gpu_stack(logs, tp_size=2, target_device="cuda:0,cuda:1", process_env={"verifier": env, "draft": env})
+    with running(stack, timeout=300):
+        asyncio.run(generate_all(stack.cfg.grpc_port, PROMPTS, 16))  # warm-up: graphs at each batch size, communicators
         runs = []
         for _ in range(2):
             start = time.perf_counter()
-            got = asyncio.run(generate_all(cfg.grpc_port, PROMPTS, MAX_TOKENS))[0]
+            got = asyncio.run(generate_all(stack.cfg.grpc_port, PROMPTS, MAX_TOKENS))[0]
             runs.append(time.perf_counter() - start)
-    finally:
-        stack.stop()
     return got, min(runs), (logs / "verifier.log").read_text(errors="ignore")
 
 

@@ -16,11 +16,10 @@ from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
 from minedraft.verifier.colocated import ColocatedDrafter
 from minedraft.verifier.launch_ahead import LaunchedStep, launchable_ids
-from minedraft.verifier.tp_follower import verify_ids
 from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_header
 from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError, PlaneOwner, setup_timeout_s
 from minedraft.worker.info import worker_info
-from minedraft.worker.membership import apply_membership, forget_all
+from minedraft.worker.membership import apply_membership, forget_all, verify_ids
 from minedraft.worker.placement import COLOCATED_VERIFIER_ROLE, device_identity
 from minedraft.worker.step_timing import timed
 from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, StepBroadcast

@@ -16,14 +16,9 @@ from dataclasses import dataclass
 
 from minedraft.engine.readback import Readback
 from minedraft.engine.verifier import Verifier
-from minedraft.proto import control_pb2
-from minedraft.worker.membership import apply_membership, forget_all
+from minedraft.worker.membership import apply_membership, forget_all, verify_ids
 from minedraft.worker.torch_profile import StepProfiler
 from minedraft.worker.tp_group import KIND_RESET, KIND_STOP, StepBroadcast
-
-
-def verify_ids(worker: Verifier, plan: control_pb2.StepPlan) -> list[int]:
-    return [s for s in plan.verify_batch if s in worker.seqs]
 
 
 @dataclass(slots=True)
@@ -63,10 +58,8 @@ def follow(worker: Verifier, channel: StepBroadcast, role: str = "verifier-tp") 
         step = Queued(ids, worker.read_back(worker.judge(ids, msg.proposal))) if ids else None
         if queued is not None:  # an ahead step: the previous verdict commits behind it
             queued.commit(worker)
-        queued = None
-        if step is not None and msg.ahead:
-            queued = step  # rank 0 may still drop it: the next message says
-        elif step is not None:
+        queued = step if msg.ahead else None  # rank 0 may still drop a step queued ahead: the next message says
+        if step is not None and not msg.ahead:
             step.commit(worker)  # now, while rank 0 reads the same verdict back and plans the next step
         if window is not None:
             window.after_step()

@@ -26,6 +26,7 @@ from minedraft.worker.data_frames import (
     VerdictPayload,
 )
 from minedraft.worker.nccl_report import nccl_log
+from minedraft.worker.rendezvous import bare_group
 
 log = logging.getLogger(__name__)
 VERIFIER_RANK = 0
@@ -68,8 +69,8 @@ class DataPlane:
             # One group per direction: with NCCL each group has its own stream, so a verdict travelling one
             # way never queues behind a draft payload travelling the other. Bare backends, not registered with
             # torch.distributed: an epoch's groups are dropped (or aborted) without touching any global state.
-            self.groups = {name: _bare_group(backend, dist.PrefixStore(f"epoch{epoch}/{name}", store), rank,
-                                             timeout_s, f"data-plane-{epoch}-{name}")
+            self.groups = {name: bare_group(backend, dist.PrefixStore(f"epoch{epoch}/{name}", store), rank, 2,
+                                            timedelta(seconds=timeout_s), f"data-plane-{epoch}-{name}")
                            for name in ("drafts", "verdicts")}
             self._connect_channels()
         except Exception as exc:  # the peer never arrived
@@ -200,6 +201,7 @@ class DataPlane:
 
     def _ids(self, seq_ids: list[int]) -> torch.Tensor:
         return to_device(torch.tensor(seq_ids, dtype=torch.int64), self.device)
+
     def send_drafts(self, payload: DraftPayload) -> None:
         batch, k = payload.tokens.shape
         probs = payload.probs
@@ -259,17 +261,6 @@ class DataPlane:
                 except Exception as exc:
                     log.warning("closing a data-plane communicator: %s", exc)
         self.groups = {}
-
-
-def _bare_group(backend: str, store: dist.Store, rank: int, timeout_s: float, name: str) -> dist.ProcessGroup:
-    """A two-rank backend of its own (like the tensor-parallel group), outside torch.distributed's registry."""
-    if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options.is_high_priority_stream = False
-        options._timeout = timedelta(seconds=timeout_s)
-        options.group_name = name  # names its logs and watchdog
-        return dist.ProcessGroupNCCL(store, rank, 2, options)
-    return dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=timeout_s))
 
 
 class PlaneOwner:

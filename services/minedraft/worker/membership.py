@@ -16,6 +16,11 @@ def apply_membership(worker: SequenceHost, plan: control_pb2.StepPlan) -> None:
         worker.add(spec.seq_id, list(spec.tokens), sampling_from_spec(spec))
 
 
+def verify_ids(worker: SequenceHost, plan: control_pb2.StepPlan) -> list[int]:
+    """The plan's verify batch, less sequences this worker does not hold."""
+    return [s for s in plan.verify_batch if s in worker.seqs]
+
+
 def forget_all(worker: SequenceHost) -> None:
     for seq_id in list(worker.seqs):
         worker.remove(seq_id)

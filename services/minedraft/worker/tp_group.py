@@ -40,7 +40,7 @@ import torch.distributed as dist
 from minedraft.engine.drafter import Proposal
 from minedraft.engine.tensor_parallel import TPContext
 from minedraft.proto import control_pb2
-from minedraft.worker.rendezvous import host_store
+from minedraft.worker.rendezvous import bare_group, host_store
 
 KIND_PLAN = 1
 KIND_RESET = 2
@@ -73,11 +73,8 @@ def join_tp_group(host: str, port: int, rank: int, size: int, device: torch.devi
         store = host_store(host, port, timeout_s)
     else:
         store = dist.TCPStore(host, port, size, False, timeout=timeout, wait_for_workers=False)
-    prefixed = dist.PrefixStore("tp", store)
-    if device.type == "cuda":
-        group = dist.ProcessGroupNCCL(prefixed, rank, size)
-    else:
-        group = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+    group = bare_group("nccl" if device.type == "cuda" else "gloo", dist.PrefixStore("tp", store), rank, size,
+                       timeout, "tensor-parallel")
     return TPContext(rank, size, group), store
 
 
@@ -112,7 +109,7 @@ class StepBroadcast:
     def __init__(self, tp: TPContext, device: torch.device, store: dist.Store) -> None:
         self.group = tp.group  # the drafts, on the devices
         self.device = device
-        self.host = dist.ProcessGroupGloo(dist.PrefixStore("tp-steps", store), tp.rank, tp.size, IDLE_WAIT)
+        self.host = bare_group("gloo", dist.PrefixStore("tp-steps", store), tp.rank, tp.size, IDLE_WAIT)
 
     @staticmethod
     def _bcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> torch.Tensor:
