@@ -97,6 +97,25 @@ def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path, laun
         stack.stop()
 
 
+def test_ar_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path) -> None:
+    """AR through the services with rank 1 following rank 0 (its next frame's receive posted before each
+    commit): exactly single-process AR, twice on the same stack."""
+    stack = tp_pair_stack(tmp_path, mode="ar")
+    prompts = [[3 + i, 7, 9 + i] for i in range(6)]
+    engine = LLMEngine.from_folders(tmp_path / "target", None, EngineConfig(mode="ar"))
+    expected = [r.output_ids for r in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
+    try:
+        stack.start(timeout=120)
+
+        async def run_all() -> list[list[int]]:
+            return await asyncio.gather(*(grpc_stream(stack, p, 24, 0.02 * i) for i, p in enumerate(prompts)))
+
+        assert asyncio.run(run_all()) == expected
+        assert asyncio.run(run_all()) == expected  # again, on the same stack
+    finally:
+        stack.stop()
+
+
 def test_a_follower_leaves_when_rank_0_dies(tmp_path: Path) -> None:
     """Rank 1 waits for its next step on the host channel without a deadline (a server may idle for
     days); rank 0's death must still end that wait, so the launcher or Kubernetes restarts the group."""

@@ -7,6 +7,7 @@ and StepBroadcast. Each group is wrapped only to count the broadcasts that go th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -112,6 +113,22 @@ def test_greedy_drafts_travel_on_the_device_group(pair: Pair) -> None:
     assert msg.proposal.tokens.dtype == torch.int64 and msg.proposal.tokens.device == CPU
     assert torch.equal(msg.proposal.tokens, tokens)
     assert sent == received == (1, 1)
+
+
+def test_a_receive_posted_before_the_plan_is_sent_gets_it(pair: Pair) -> None:
+    """The follower posts its next receive before it waits for its own verdict; a frame rank 0 sends meanwhile
+    is there when the follower comes for it (one host broadcast on each side)."""
+    for counter in pair.counters:
+        counter.broadcasts = 0
+    pending = pair.follower.post()
+    pair.pool.submit(pair.leader.send, KIND_PLAN, small_plan(11)).result(timeout=30)
+    deadline = time.monotonic() + 10
+    while not pending.work.is_completed() and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.01)  # gloo marks the work done on its own thread, just after the copy
+    assert pending.work.is_completed()  # type: ignore[attr-defined]  # landed before the follower asked for it
+    msg = pair.follower.receive(pending)
+    assert (msg.kind, msg.plan, msg.proposal) == (KIND_PLAN, small_plan(11), None)
+    assert [c.broadcasts for c in pair.counters] == [1, 0, 1, 0]
 
 
 def test_ahead_and_drop_reach_the_follower(pair: Pair) -> None:

@@ -10,10 +10,12 @@ another rank's shard.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
+import torch.distributed as dist
 
 from minedraft.core.errors import ModelLoadError
 from minedraft.engine.config import ModelConfig
@@ -37,9 +39,16 @@ class TPContext:
         if self.size == 1 or self.group is None:
             return lambda x: x
         group = self.group
+        opts = dist.AllreduceOptions()
+        # Synchronous: NCCL runs it on the current stream. An asynchronous collective runs on the process
+        # group's own stream, joined to the compute stream by two events, so a captured step became a
+        # graph that forks and joins at every all-reduce (64 times for 32 layers) instead of one line.
+        opts.asyncOp = os.environ.get("MINEDRAFT_TP_ALLREDUCE_STREAM", "current") == "side"
 
         def all_reduce(x: torch.Tensor) -> torch.Tensor:
-            group.allreduce([x]).wait()  # type: ignore[attr-defined]
+            work = group.allreduce([x], opts)  # type: ignore[attr-defined]
+            if work is not None:  # NCCL returns no Work for a synchronous collective; gloo does
+                work.wait()
             return x
 
         return all_reduce

@@ -7,7 +7,8 @@ not the one it expected). So the follower commits an ordinary step at once (as r
 parallel with it) but keeps a step queued ahead uncommitted until the next message: an ahead step is
 queued, then the previous one committed; any other step commits the previous one first; a drop
 forgets it. Its host thus learns step i+1 (over the host channel) while its GPU still runs step i,
-and queues i+1 behind it before it waits for i's verdict.
+and queues i+1 behind it before it waits for i's verdict. The receive of the next frame is posted
+before each commit, so gloo takes the frame in while the follower still waits for its own verdict.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from minedraft.engine.readback import Readback
 from minedraft.engine.verifier import Verifier
 from minedraft.worker.membership import apply_membership, forget_all, verify_ids
 from minedraft.worker.torch_profile import StepProfiler
-from minedraft.worker.tp_group import KIND_RESET, KIND_STOP, StepBroadcast
+from minedraft.worker.tp_group import KIND_RESET, KIND_STOP, PendingFrame, StepBroadcast
 
 
 @dataclass(slots=True)
@@ -37,8 +38,10 @@ def follow(worker: Verifier, channel: StepBroadcast, role: str = "verifier-tp") 
     (request file `<role>.request`)."""
     window = StepProfiler.from_env(role, worker.runner.device)
     queued: Queued | None = None
+    pending: PendingFrame | None = None  # the next frame's receive, posted while the GPU runs this step
     while True:
-        msg = channel.receive()
+        msg = channel.receive(pending)
+        pending = None
         if msg.kind == KIND_STOP:
             return
         if msg.kind == KIND_RESET:
@@ -59,6 +62,7 @@ def follow(worker: Verifier, channel: StepBroadcast, role: str = "verifier-tp") 
         if queued is not None:  # an ahead step: the previous verdict commits behind it
             queued.commit(worker)
         queued = step if msg.ahead else None  # rank 0 may still drop a step queued ahead: the next message says
+        pending = channel.post()  # the next frame may come while this verdict is still on its way
         if step is not None and not msg.ahead:
             step.commit(worker)  # now, while rank 0 reads the same verdict back and plans the next step
         if window is not None:

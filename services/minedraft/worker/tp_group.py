@@ -87,6 +87,14 @@ class StepMessage:
     drop: bool = False  # forget the previous step uncommitted
 
 
+@dataclass(slots=True)
+class PendingFrame:
+    """A host frame whose receive is posted."""
+
+    frame: torch.Tensor
+    work: object  # the gloo broadcast's Work
+
+
 def plan_slots(nbytes: int) -> int:
     """int64 slots that hold `nbytes` plan bytes."""
     return (nbytes + 7) // 8
@@ -140,8 +148,19 @@ class StepBroadcast:
         if probs is not None:
             self._bcast(self.group, probs.to(self.device, torch.float32).contiguous())
 
-    def receive(self) -> StepMessage:
-        host = self._bcast(self.host, torch.empty(HOST_FRAME_SLOTS, dtype=torch.int64)).numpy()
+    def post(self) -> PendingFrame:
+        """Start receiving the next host frame: gloo fills it in the background while this rank's GPU still
+        runs the current step, so the frame is there when the host comes for it."""
+        frame = torch.empty(HOST_FRAME_SLOTS, dtype=torch.int64)
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        return PendingFrame(frame, self.host.broadcast([frame], opts))  # type: ignore[union-attr]
+
+    def receive(self, pending: PendingFrame | None = None) -> StepMessage:
+        """The next step: from a frame posted earlier, or received now."""
+        pending = pending if pending is not None else self.post()
+        pending.work.wait()
+        host = pending.frame.numpy()
         kind, nbytes, batch, k, vocab, flags = (int(v) for v in host[:HEADER_SLOTS])
         if kind not in KINDS:
             raise RuntimeError(f"tensor-parallel step frame of unknown kind {kind}: the ranks are out of step")
