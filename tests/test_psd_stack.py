@@ -48,6 +48,7 @@ def test_32_concurrent_streaming_clients_get_exact_greedy_tokens(stack, random_p
     max_tokens = [8 + (i * 5) % 33 for i in range(32)]
     expected = reference(random_pair, prompts, max_tokens)
     before = health(stack)["steps_by_kind"]
+    queued_before = health(stack)["timing_totals"].get("verify_plan_queued_ms", 0.0)
 
     async def run_all() -> list[list[int]]:
         calls = [
@@ -60,6 +61,8 @@ def test_32_concurrent_streaming_clients_get_exact_greedy_tokens(stack, random_p
     assert got == expected
     after = health(stack)["steps_by_kind"]
     assert after["psd"] > before["psd"], "both batches should have been busy at once"
+    # Plans are issued two steps ahead, so the verifier finds some already waiting in its inbox.
+    assert health(stack)["timing_totals"]["verify_plan_queued_ms"] > queued_before
     assert stack.cfg.log_dir is not None
     assert "verifies are launched ahead" in (stack.cfg.log_dir / "verifier.log").read_text()
     assert "drafts are launched from verdicts on the device" in (stack.cfg.log_dir / "draft.log").read_text()

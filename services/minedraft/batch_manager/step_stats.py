@@ -78,6 +78,6 @@ class Counters:
         # per-plan mean halves its busy time; time per *batch* divides by this count instead.
         t[f"{side}_busy_steps"] = t.get(f"{side}_busy_steps", 0) + (timing.batch > 0)
         t[f"{side}_busy_ms"] = t.get(f"{side}_busy_ms", 0.0) + busy_ms(timing)
-        for name in ("compute_ms", "recv_wait_ms", "send_ms", "control_ms", "plan_wait_ms"):
+        for name in ("compute_ms", "recv_wait_ms", "send_ms", "control_ms", "plan_wait_ms", "plan_queued_ms"):
             key = f"{side}_{name}"
             t[key] = t.get(key, 0.0) + getattr(timing, name)

@@ -107,6 +107,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
                 kind = msg.WhichOneof("body")
                 if kind == "plan":
                     waited = (time.perf_counter() - idle_since) * 1000.0 if idle_since is not None else 0.0
+                    queued = inbox.queued_ms(msg.plan.step)
                     if profiler is not None and msg.plan.step == profile_from_step():
                         profiler.enable()
                     started_ns = time.time_ns()
@@ -116,6 +117,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
                     if window is not None:
                         window.after_step()
                     event.timing.plan_wait_ms = waited
+                    event.timing.plan_queued_ms = queued
                     if self.telemetry is not None:
                         self.telemetry.step(msg.plan, event, started_ns, time.time_ns())
                     events.put(event)
@@ -140,6 +142,7 @@ class Inbox:
     def __init__(self, messages: Iterator[control_pb2.ControlMessage],
                  on_abort: Callable[[control_pb2.DataPlaneAbort], None] | None = None) -> None:
         self.queue: queue.Queue[control_pb2.ControlMessage | None] = queue.Queue()
+        self.arrived: dict[int, float] = {}  # plan step -> when the reader took it off the stream
         self.closed_by_peer = False
         self.on_abort = on_abort  # runs on the reader thread as the message arrives, ahead of queued plans
         threading.Thread(target=self._read, args=(messages,), daemon=True).start()
@@ -151,6 +154,8 @@ class Inbox:
                     if self.on_abort is not None:
                         self.on_abort(msg.abort)
                     continue
+                if msg.WhichOneof("body") == "plan":
+                    self.arrived[msg.plan.step] = time.perf_counter()
                 self.queue.put(msg)
             self.closed_by_peer = True
         except grpc.RpcError:
@@ -162,6 +167,11 @@ class Inbox:
 
     def get(self) -> control_pb2.ControlMessage | None:
         return self.queue.get()
+
+    def queued_ms(self, step: int) -> float:
+        """How long the plan of `step` has been waiting here (taken once, as its step begins)."""
+        arrived = self.arrived.pop(step, None)
+        return (time.perf_counter() - arrived) * 1000.0 if arrived is not None else 0.0
 
     def next_plan(self) -> control_pb2.StepPlan | None:
         """The plan after the current one when it has already arrived (None otherwise); never blocks."""

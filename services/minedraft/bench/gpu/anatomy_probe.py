@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                     row, _ = measure(stack, mode, k, batch, args.max_tokens, args.reps, depth)
                     log(f"{name} k={k} m={m} {config}: {row['tokens_per_s']:.0f} tok/s, step {row['step_ms']:.2f} "
                         f"ms, draft {row['draft_ms_per_batch']:.2f} / verify {row['verify_ms_per_batch']:.2f} per "
-                        f"batch, overlap {row['overlap_efficiency']:.2f}")
+                        f"batch, overlap {row['overlap_efficiency']:.2f}, "
+                        f"plan queued {row['verify_plan_queued_ms']:.2f} ms")
                     cell = found[f"k={k} m={m} {config}"] = {"row": row}
                     if i == 0 and args.steps > 0 and depth == depths[0]:
                         cell["profile"] = profile_run(stack, folder, mode, batch, args, roles)

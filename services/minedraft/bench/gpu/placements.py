@@ -116,6 +116,9 @@ def measure(stack: LocalStack, mode: str, k: int, prompts: list[list[int]], max_
         "verify_busy_fraction": per_step.get("verify_busy_steps", 0.0),
         "verify_wait_ms": per_step.get("verify_recv_wait_ms", 0.0),
         "verify_plan_wait_ms": per_step.get("verify_plan_wait_ms", 0.0),
+        # How long the verifier's next plan sat in its inbox before the step began: ~0 means the plans come
+        # just in time (the batch manager's round trip is as long as a step), not a step ahead.
+        "verify_plan_queued_ms": per_step.get("verify_plan_queued_ms", 0.0),
         "data_plane_ms": per_step.get("verify_send_ms", 0.0) + per_step.get("draft_send_ms", 0.0),
         "overlap_efficiency": busiest / wall if wall else 0.0,
     }
