@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,7 @@ from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError
 from minedraft.worker.info import worker_info
 from minedraft.worker.membership import apply_membership, forget_all, verify_ids
 from minedraft.worker.placement import COLOCATED_VERIFIER_ROLE, device_identity
+from minedraft.worker.stall_watch import StallWatch
 from minedraft.worker.step_timing import timed
 from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, StepBroadcast
 
@@ -53,7 +55,9 @@ class VerifierExecutor(PlaneOwner):
         followers: StepBroadcast | None = None,
         colocated: ColocatedDrafter | None = None,
         launch_ahead: bool = False,
+        stall: StallWatch | None = None,
     ) -> None:
+        self.stall = stall  # with tensor parallelism: a readback that never returns ends the process
         self.launch_ahead = launch_ahead  # queue the next PSD verify before reading this one back
         self.worker = worker
         self.colocated = colocated  # the draft model on this GPU (--colocated-draft): SD without a draft service
@@ -164,7 +168,7 @@ class VerifierExecutor(PlaneOwner):
         """Read the verdict back, commit it, and put it in the event."""
         self.verified_count += 1
         timing = event.timing
-        with timed(timing, "compute_ms"):
+        with timed(timing, "compute_ms"), self.stall.waiting("rank 0's verify") if self.stall else nullcontext():
             rows, accepted_list = self.worker.commit(ids, readback)
         timing.device_ms += readback.device_ms()
         counts = [n + 1 for n in accepted_list]

@@ -61,7 +61,8 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     from minedraft.verifier.tp_follower import follow
     from minedraft.worker.process import load_runner, prepare_process, run_worker
     from minedraft.worker.rendezvous import host_store
-    from minedraft.worker.tp_group import KIND_STOP, StepBroadcast, join_tp_group
+    from minedraft.worker.stall_watch import StallWatch
+    from minedraft.worker.tp_group import KIND_STOP, TP_TIMEOUT_S, StepBroadcast, join_tp_group
 
     load = load or load_model
     prepare_process(args, "verifier" if args.tp_rank == 0 else f"verifier-tp{args.tp_rank}")
@@ -71,12 +72,15 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
         host, _, port = args.tp_addr.rpartition(":")
         tp, tp_store = join_tp_group(host, int(port), args.tp_rank, args.tp_size, torch.device(args.device))
         channel = StepBroadcast(tp, torch.device(args.device), tp_store)
+    # On GPUs a dead peer leaves the survivors' all-reduces (replayed in CUDA graphs) waiting with no deadline;
+    # on CPUs gloo reports it, and the watch never fires.
+    stall = StallWatch(TP_TIMEOUT_S) if tp is not None else None
     if tp is not None and tp.rank > 0:
         assert channel is not None
         worker = Verifier(load_runner(args, tp, load))
         logging.info("tensor-parallel rank %d of %d following rank 0", tp.rank, tp.size)
         exit_if_rank0_never_stops(args.drain_grace_s + DRAIN_MARGIN_S)
-        follow(worker, channel, f"verifier-tp{tp.rank}")
+        follow(worker, channel, f"verifier-tp{tp.rank}", stall)
         return 0
 
     def make_executor(runner: ModelRunner) -> VerifierExecutor:
@@ -86,7 +90,7 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
         auto = runner.device.type == "cuda" and args.tp_size == 1
         launch_ahead = args.launch_ahead == "on" or (args.launch_ahead == "auto" and auto)
         return VerifierExecutor(Verifier(runner), store, args.host, store.port, channel,
-                                colocated_drafter(args, load), launch_ahead)
+                                colocated_drafter(args, load), launch_ahead, stall)
 
     try:
         return run_worker(args, "verifier", make_executor, tp, load)

@@ -13,11 +13,13 @@ before each commit, so gloo takes the frame in while the follower still waits fo
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from minedraft.engine.readback import Readback
 from minedraft.engine.verifier import Verifier
 from minedraft.worker.membership import apply_membership, forget_all, verify_ids
+from minedraft.worker.stall_watch import StallWatch
 from minedraft.worker.torch_profile import StepProfiler
 from minedraft.worker.tp_group import KIND_RESET, KIND_STOP, PendingFrame, StepBroadcast
 
@@ -29,13 +31,15 @@ class Queued:
     ids: list[int]
     readback: Readback
 
-    def commit(self, worker: Verifier) -> None:
-        worker.commit(self.ids, self.readback)
+    def commit(self, worker: Verifier, stall: StallWatch | None) -> None:
+        with stall.waiting("a follower's verify") if stall else nullcontext():
+            worker.commit(self.ids, self.readback)
 
 
-def follow(worker: Verifier, channel: StepBroadcast, role: str = "verifier-tp") -> None:
+def follow(worker: Verifier, channel: StepBroadcast, role: str = "verifier-tp", stall: StallWatch | None = None
+           ) -> None:
     """Until rank 0 says stop. With MINEDRAFT_TORCH_PROFILE_DIR it opens profiling windows like rank 0
-    (request file `<role>.request`)."""
+    (request file `<role>.request`); `stall` bounds each wait for a verdict (worker/stall_watch.py)."""
     window = StepProfiler.from_env(role, worker.runner.device)
     queued: Queued | None = None
     pending: PendingFrame | None = None  # the next frame's receive, posted while the GPU runs this step
@@ -52,7 +56,7 @@ def follow(worker: Verifier, channel: StepBroadcast, role: str = "verifier-tp") 
         if msg.drop:
             queued = None
         if queued is not None and not msg.ahead:
-            queued.commit(worker)
+            queued.commit(worker, stall)
             queued = None
         if window is not None:
             window.before_step(msg.plan.step)
@@ -60,10 +64,10 @@ def follow(worker: Verifier, channel: StepBroadcast, role: str = "verifier-tp") 
         ids = verify_ids(worker, msg.plan)
         step = Queued(ids, worker.read_back(worker.judge(ids, msg.proposal))) if ids else None
         if queued is not None:  # an ahead step: the previous verdict commits behind it
-            queued.commit(worker)
+            queued.commit(worker, stall)
         queued = step if msg.ahead else None  # rank 0 may still drop a step queued ahead: the next message says
         pending = channel.post()  # the next frame may come while this verdict is still on its way
         if step is not None and not msg.ahead:
-            step.commit(worker)  # now, while rank 0 reads the same verdict back and plans the next step
+            step.commit(worker, stall)  # now, while rank 0 reads the same verdict back and plans the next step
         if window is not None:
             window.after_step()

@@ -64,8 +64,11 @@ FLAG_DROP = 64
 IDLE_WAIT = timedelta(days=365)
 
 
+TP_TIMEOUT_S = 300.0  # the group's collectives and rendezvous; also how long a rank waits for its GPU
+
+
 def join_tp_group(host: str, port: int, rank: int, size: int, device: torch.device,
-                  timeout_s: float = 300.0) -> tuple[TPContext, dist.Store]:
+                  timeout_s: float = TP_TIMEOUT_S) -> tuple[TPContext, dist.Store]:
     """Rank 0 hosts the store on `port` (listening on `host` only); the others connect. Returns the
     context and the store."""
     timeout = timedelta(seconds=timeout_s)
