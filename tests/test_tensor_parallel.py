@@ -73,23 +73,35 @@ def tp_pair_stack(tmp_path: Path, **fields: object) -> LocalStack:
                                   log_dir=tmp_path / "logs", **fields))
 
 
+STACK_PROMPTS = [[3 + i, 7, 9 + i] for i in range(6)]
+
+
+def single_process_ar(tmp_path: Path) -> list[list[int]]:
+    """What the stack's target gives for STACK_PROMPTS in one process, greedy, 24 tokens each."""
+    engine = LLMEngine.from_folders(tmp_path / "target", None, EngineConfig(mode="ar"))
+    return [r.output_ids for r in engine.generate(STACK_PROMPTS, SamplingParams(max_tokens=24, ignore_eos=True))]
+
+
+def stream_all(stack: LocalStack) -> list[list[int]]:
+    """STACK_PROMPTS streamed over gRPC at once (staggered by 20 ms), 24 tokens each."""
+
+    async def run_all() -> list[list[int]]:
+        return await asyncio.gather(*(grpc_stream(stack, p, 24, 0.02 * i) for i, p in enumerate(STACK_PROMPTS)))
+
+    return asyncio.run(run_all())
+
+
 @pytest.mark.parametrize("launch_ahead", ["off", "on"])
 def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path, launch_ahead: str) -> None:
     """Verifier rank 0 drives rank 1 step by step; greedy PSD output is still exactly AR. With launch-ahead
     both ranks queue the next verify before committing the current one (rank 1 told over its host channel)."""
     stack = tp_pair_stack(tmp_path, process_env={name: {"MINEDRAFT_LAUNCH_AHEAD": launch_ahead}
                                                  for name in ("verifier", "draft")})
-    prompts = [[3 + i, 7, 9 + i] for i in range(6)]
-    engine = LLMEngine.from_folders(tmp_path / "target", None, EngineConfig(mode="ar"))
-    expected = [r.output_ids for r in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
+    expected = single_process_ar(tmp_path)
     try:
         stack.start(timeout=120)
         assert "verifier-tp1" in stack.procs
-
-        async def run_all() -> list[list[int]]:
-            return await asyncio.gather(*(grpc_stream(stack, p, 24, 0.02 * i) for i, p in enumerate(prompts)))
-
-        assert asyncio.run(run_all()) == expected
+        assert stream_all(stack) == expected
         assert worker_info(stack.target_port).num_blocks == 256
         launched = "verifies are launched ahead" in (tmp_path / "logs" / "verifier.log").read_text()
         assert launched == (launch_ahead == "on")
@@ -101,17 +113,11 @@ def test_ar_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path) -> No
     """AR through the services with rank 1 following rank 0 (its next frame's receive posted before each
     commit): exactly single-process AR, twice on the same stack."""
     stack = tp_pair_stack(tmp_path, mode="ar")
-    prompts = [[3 + i, 7, 9 + i] for i in range(6)]
-    engine = LLMEngine.from_folders(tmp_path / "target", None, EngineConfig(mode="ar"))
-    expected = [r.output_ids for r in engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))]
+    expected = single_process_ar(tmp_path)
     try:
         stack.start(timeout=120)
-
-        async def run_all() -> list[list[int]]:
-            return await asyncio.gather(*(grpc_stream(stack, p, 24, 0.02 * i) for i, p in enumerate(prompts)))
-
-        assert asyncio.run(run_all()) == expected
-        assert asyncio.run(run_all()) == expected  # again, on the same stack
+        assert stream_all(stack) == expected
+        assert stream_all(stack) == expected  # again, on the same stack
     finally:
         stack.stop()
 

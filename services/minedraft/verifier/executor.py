@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -168,7 +167,7 @@ class VerifierExecutor(PlaneOwner):
         """Read the verdict back, commit it, and put it in the event."""
         self.verified_count += 1
         timing = event.timing
-        with timed(timing, "compute_ms"), self.stall.waiting("rank 0's verify") if self.stall else nullcontext():
+        with timed(timing, "compute_ms"), StallWatch.around(self.stall, "rank 0's verify"):
             rows, accepted_list = self.worker.commit(ids, readback)
         timing.device_ms += readback.device_ms()
         counts = [n + 1 for n in accepted_list]

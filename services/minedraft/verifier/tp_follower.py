@@ -13,7 +13,6 @@ before each commit, so gloo takes the frame in while the follower still waits fo
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 from minedraft.engine.readback import Readback
@@ -32,7 +31,7 @@ class Queued:
     readback: Readback
 
     def commit(self, worker: Verifier, stall: StallWatch | None) -> None:
-        with stall.waiting("a follower's verify") if stall else nullcontext():
+        with StallWatch.around(stall, "a follower's verify"):
             worker.commit(self.ids, self.readback)
 
 

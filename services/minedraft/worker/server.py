@@ -150,11 +150,12 @@ class Inbox:
     def _read(self, messages: Iterator[control_pb2.ControlMessage]) -> None:
         try:
             for msg in messages:
-                if msg.WhichOneof("body") == "abort":
+                kind = msg.WhichOneof("body")
+                if kind == "abort":
                     if self.on_abort is not None:
                         self.on_abort(msg.abort)
                     continue
-                if msg.WhichOneof("body") == "plan":
+                if kind == "plan":
                     self.arrived[msg.plan.step] = time.perf_counter()
                 self.queue.put(msg)
             self.closed_by_peer = True

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,11 @@ class StallWatch:
             yield
         finally:
             self._since = None
+
+    @staticmethod
+    def around(watch: StallWatch | None, label: str) -> AbstractContextManager[None]:
+        """`watch.waiting(label)`, or nothing where no watch is kept (no tensor parallelism)."""
+        return watch.waiting(label) if watch is not None else nullcontext()
 
     def close(self) -> None:
         self._stop.set()

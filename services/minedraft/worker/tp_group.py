@@ -123,11 +123,16 @@ class StepBroadcast:
         self.host = bare_group("gloo", dist.PrefixStore("tp-steps", store), tp.rank, tp.size, IDLE_WAIT)
 
     @staticmethod
-    def _bcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> torch.Tensor:
-        """Broadcast from rank 0. On NCCL the wait only orders the rank's stream after it (no host wait)."""
+    def _start(group: dist.ProcessGroup, tensor: torch.Tensor) -> object:
+        """Start a broadcast from rank 0; returns its Work."""
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        group.broadcast([tensor], opts).wait()  # type: ignore[union-attr]
+        return group.broadcast([tensor], opts)  # type: ignore[union-attr]
+
+    @classmethod
+    def _bcast(cls, group: dist.ProcessGroup, tensor: torch.Tensor) -> torch.Tensor:
+        """Broadcast from rank 0. On NCCL the wait only orders the rank's stream after it (no host wait)."""
+        cls._start(group, tensor).wait()  # type: ignore[attr-defined]
         return tensor
 
     def send(self, kind: int, plan: control_pb2.StepPlan | None = None, proposal: Proposal | None = None,
@@ -155,9 +160,7 @@ class StepBroadcast:
         """Start receiving the next host frame: gloo fills it in the background while this rank's GPU still
         runs the current step, so the frame is there when the host comes for it."""
         frame = torch.empty(HOST_FRAME_SLOTS, dtype=torch.int64)
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
-        return PendingFrame(frame, self.host.broadcast([frame], opts))  # type: ignore[union-attr]
+        return PendingFrame(frame, self._start(self.host, frame))
 
     def receive(self, pending: PendingFrame | None = None) -> StepMessage:
         """The next step: from a frame posted earlier, or received now."""
