@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from minedraft.batch_manager.link import EventHandler, LostHandler
+from minedraft.observability import control_trace
 from minedraft.proto import control_pb2, control_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -39,19 +40,23 @@ class GrpcWorkerLink:
         await self.close_stream()
         stub = self._connect()
         self._outbox = asyncio.Queue()
-        self._call = stub.Control(self._messages(self._outbox))
+        self._call = stub.Control(self._messages(self._outbox, traced=self.role == "verifier"))
         self._reader = asyncio.create_task(self._read_events(self._call, on_event, on_lost))
 
     @staticmethod
     async def _messages(
-        outbox: asyncio.Queue[control_pb2.ControlMessage | None],
+        outbox: asyncio.Queue[control_pb2.ControlMessage | None], traced: bool = False,
     ) -> AsyncIterator[control_pb2.ControlMessage]:
         while (msg := await outbox.get()) is not None:
+            if traced and msg.WhichOneof("body") == "plan":
+                control_trace.mark("write", msg.plan.step)
             yield msg
 
     async def _read_events(self, call: grpc.aio.StreamStreamCall, on_event: EventHandler, on_lost: LostHandler) -> None:
         try:
             async for event in call:
+                if self.role == "verifier":
+                    control_trace.mark("verdict", event.step)
                 on_event(event)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
@@ -65,6 +70,8 @@ class GrpcWorkerLink:
 
     def send(self, msg: control_pb2.ControlMessage) -> None:
         if self._call is not None and self._outbox is not None:
+            if self.role == "verifier" and msg.WhichOneof("body") == "plan":
+                control_trace.mark("plan", msg.plan.step)
             self._outbox.put_nowait(msg)
 
     async def close_stream(self) -> None:

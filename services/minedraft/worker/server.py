@@ -27,6 +27,7 @@ import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from minedraft.observability import control_trace
 from minedraft.observability.worker_telemetry import WorkerTelemetry
 from minedraft.proto import control_pb2, control_pb2_grpc
 from minedraft.worker.torch_profile import StepProfiler
@@ -76,7 +77,9 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
             loop = threading.Thread(target=self._run, args=(request_iterator, events), daemon=True)
             loop.start()
             while (event := events.get()) is not None:
+                control_trace.mark("out", event.step)
                 yield event
+                control_trace.mark("sent", event.step)
         finally:
             # A cancelled stream can leave the loop inside a step: let it finish before the
             # reset frees its sequences and closes its data plane under it.
@@ -96,6 +99,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
 
     def _run(self, messages: Iterator[control_pb2.ControlMessage], events: queue.Queue) -> None:
         bind_thread_to_device(self.executor.device)
+        control_trace.set_role(self.executor.role)
         profiler = start_host_profile()
         window = StepProfiler.from_env(self.executor.role, self.executor.device)
         idle_since: float | None = None
@@ -106,6 +110,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
             while (msg := inbox.get()) is not None:
                 kind = msg.WhichOneof("body")
                 if kind == "plan":
+                    control_trace.mark("begin", msg.plan.step)
                     waited = (time.perf_counter() - idle_since) * 1000.0 if idle_since is not None else 0.0
                     queued = inbox.queued_ms(msg.plan.step)
                     if profiler is not None and msg.plan.step == profile_from_step():
@@ -121,6 +126,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
                     if self.telemetry is not None:
                         self.telemetry.step(msg.plan, event, started_ns, time.time_ns())
                     events.put(event)
+                    control_trace.mark("end", msg.plan.step)
                     idle_since = time.perf_counter()
                 elif kind == "setup":
                     events.put(self.executor.handle_setup(msg.setup))
@@ -132,6 +138,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
         finally:
             if profiler is not None:
                 dump_host_profile(profiler, self.executor.role)
+            control_trace.flush()
             events.put(None)
 
 
@@ -156,6 +163,7 @@ class Inbox:
                         self.on_abort(msg.abort)
                     continue
                 if kind == "plan":
+                    control_trace.mark("arrive", msg.plan.step)
                     self.arrived[msg.plan.step] = time.perf_counter()
                 self.queue.put(msg)
             self.closed_by_peer = True

@@ -19,7 +19,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from minedraft.bench.client import generate_all
+from minedraft.bench import control_trace_report
+from minedraft.bench.client import fetch_status, generate_all
 from minedraft.bench.gpu.placements import PairSpecs, colocated_stack, measure, split_stack
 from minedraft.bench.gpu.timing import log
 from minedraft.bench.gpu.trace_summary import render, summarize
@@ -27,6 +28,7 @@ from minedraft.bench.peaked_head import agree_for_acceptance
 from minedraft.bench.synthetic_pair import SyntheticSpec
 from minedraft.bench.workload import random_prompts
 from minedraft.cli.local_stack import LocalStack
+from minedraft.observability.control_trace import ENV as CONTROL_TRACE_ENV
 from minedraft.worker.torch_profile import DIR_ENV
 
 
@@ -61,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp-size", type=int, default=1, help="the target over GPUs 0..N-1 (the draft service on GPU N)")
     p.add_argument("--ar-only", action="store_true",
                    help="no draft service: AR through a verifier over N GPUs (profiles every rank)")
+    p.add_argument("--colocated-sd", action="store_true",
+                   help="no draft service: the draft beside the target's rank 0; SD colocated cells, then AR")
+    p.add_argument("--control-trace", action="store_true",
+                   help="time each plan's round trip through the batch manager (MINEDRAFT_CONTROL_TRACE) and print "
+                        "its parts for every cell once the stacks stop")
     return p
 
 
@@ -95,20 +102,24 @@ def main(argv: list[str] | None = None) -> int:
     widest = max(m for _, m in args.points)
     prompts = random_prompts(2 * widest, seed=13)
     stacks: dict[str, tuple[LocalStack, Path]] = {}
+    colocated = args.ar_only or args.colocated_sd
     for text in args.variant or ["base"]:
         name, env, by_process = parse_variant(text)
         folder = (out / name).resolve()
-        stack = (colocated_stack if args.ar_only else split_stack)(pair, args.num_blocks, 2 * widest, args.tp_size)
+        stack = (colocated_stack if colocated else split_stack)(pair, args.num_blocks, 2 * widest, args.tp_size)
         process_env = {proc: {**stack.cfg.process_env.get(proc, {}), **extra} for proc, extra in by_process.items()}
+        if args.control_trace:
+            env = {**env, CONTROL_TRACE_ENV: str(folder / "control_trace")}
         stack.cfg = replace(stack.cfg, extra_env={**stack.cfg.extra_env, **env, DIR_ENV: str(folder)},
                             process_env={**stack.cfg.process_env, **process_env})
         stacks[name] = (stack, folder)
     results: dict = {"args": vars(args), "variants": {}}
-    roles = ["verifier", *(f"verifier-tp{r}" for r in range(1, args.tp_size))] + ([] if args.ar_only else ["draft"])
+    traced: dict[tuple[str, str], tuple[range, int]] = {}  # (variant, cell) -> (its plans' steps, depth)
+    roles = ["verifier", *(f"verifier-tp{r}" for r in range(1, args.tp_size))] + ([] if colocated else ["draft"])
     try:
         for stack, _ in stacks.values():
             stack.start_verifier()
-            if not args.ar_only:
+            if not colocated:
                 stack.start_draft()
             stack.start_manager()
         for stack, _ in stacks.values():
@@ -118,13 +129,17 @@ def main(argv: list[str] | None = None) -> int:
             found = results["variants"][name] = {}
             depths = [int(d) for d in args.depths.split(",")]
             for i, (k, m) in enumerate(args.points):
-                if args.ar_only:
-                    cells = [("AR", "ar", prompts[:m], d) for d in depths]
+                if colocated:
+                    cells = [("SD colocated", "sd", prompts[:m], d) for d in depths] if args.colocated_sd else []
+                    cells += [("AR", "ar", prompts[:m], d) for d in depths]
                 else:
                     cells = [("SD-2GPU", "sd", prompts[:m], 2)]
                     cells += [(f"PSD m+m depth {d}", "psd", prompts[: 2 * m], d) for d in depths]
                 for config, mode, batch, depth in cells:
+                    first_step = fetch_status(stack.cfg.http_port)["step"]
                     row, _ = measure(stack, mode, k, batch, args.max_tokens, args.reps, depth)
+                    last_step = fetch_status(stack.cfg.http_port)["step"]
+                    traced[(name, f"k={k} m={m} {config}")] = (range(first_step, last_step), depth)
                     log(f"{name} k={k} m={m} {config}: {row['tokens_per_s']:.0f} tok/s, step {row['step_ms']:.2f} "
                         f"ms, draft {row['draft_ms_per_batch']:.2f} / verify {row['verify_ms_per_batch']:.2f} per "
                         f"batch, overlap {row['overlap_efficiency']:.2f}, "
@@ -136,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for stack, _ in stacks.values():
             stack.stop(grace=20)
+    if args.control_trace:  # the processes write their last marks as they exit
+        for (name, cell), (steps, depth) in traced.items():
+            marks = control_trace_report.load(stacks[name][1] / "control_trace")
+            parts = control_trace_report.breakdown(marks, depth, steps=steps)
+            log(f"{name} {cell} depth {depth}: a plan's round trip\n{control_trace_report.render(parts)}")
     return 0
 
 
