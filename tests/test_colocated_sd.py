@@ -137,5 +137,8 @@ def test_colocated_greedy_output_equals_ar_token_for_token(colocated: LocalStack
         accepted = after["accepted_total"] - before["accepted_total"]
         assert drafted > 0 and accepted >= 0.9 * drafted  # self-drafting: (nearly) every draft accepted
         assert steps[mode] > 0 and steps["ar"] == 0
+    if mode == "sd":  # fused: a plan verifies what the plan before drafted, then drafts again
+        verifies = after["timing_totals"]["verify_busy_steps"] - before["timing_totals"].get("verify_busy_steps", 0)
+        assert verifies >= 0.8 * steps["sd"]  # alternating draft and verify plans would verify in half of them
     assert worker_info(colocated.target_port).sequences == 0  # every sequence left the verifier
 

@@ -102,3 +102,32 @@ def test_one_batch_mode_gathers_every_sequence_and_two_batch_mode_spreads_them_a
     assert sched.batch_sizes() == (4, 0) and sched.rebalance() == []
     sched.use_two_batches(True)
     assert sched.rebalance() == [1, 3] and sched.batch_sizes() == (2, 2)
+
+
+def test_fused_sd_verifies_what_drafted_in_the_plan_before_then_drafts_everyone_again() -> None:
+    """A colocated verifier's SD: one plan per cycle (verify, then draft, on one GPU)."""
+    sched = TwoBatchScheduler(two_batches=False)
+    sched.fuse_sd = True
+    for i in range(2):
+        sched.add(i, context=8, tokens_to_go=10)
+    first, second = sched.plan(0, True), sched.plan(1, True)
+    assert (first.draft, first.verify) == ([0, 1], [])  # nothing drafted yet
+    assert (second.draft, second.verify) == ([0, 1], [0, 1])
+    sched.add(2, context=8, tokens_to_go=10)  # joins with a draft, is verified from the next plan on
+    sched.remove(0)
+    third, fourth = sched.plan(2, True), sched.plan(3, True)
+    assert (third.draft, third.verify) == ([1, 2], [1])
+    assert (fourth.draft, fourth.verify) == ([1, 2], [1, 2])
+    assert sched.plan(4, with_drafts=False).verify == [1, 2]  # AR: everyone, and drafting starts over
+    assert (sched.plan(5, True).verify, sched.plan(6, True).verify) == ([], [1, 2])
+
+
+def test_fusing_applies_to_one_batch_only() -> None:
+    sched = TwoBatchScheduler(two_batches=True)
+    sched.fuse_sd = True
+    assert not sched.fused  # psd on a colocated verifier keeps its two batches
+    for i in range(4):
+        sched.add(i, context=8, tokens_to_go=10)
+    run_steps(sched, 0, 6, {})
+    sched.use_two_batches(False)
+    assert sched.fused

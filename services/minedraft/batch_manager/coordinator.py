@@ -78,6 +78,7 @@ class Coordinator:
             if d.draft.link is not None:
                 await d.draft.link.close()  # a configured draft service is not used
             d.draft.colocate()
+            d.sched.fuse_sd = True  # its SD verifies and drafts in one plan (scheduler.py)
         if d.draft.link is not None:
             dinfo = await d.draft.link.info(timeout=connect_timeout)
             if dinfo.vocab_size != vinfo.vocab_size:

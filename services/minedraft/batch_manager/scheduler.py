@@ -5,6 +5,11 @@ batch does the opposite. A sequence joins (or moves) only when its next action i
 draft, so the draft and verify halves of every plan stay consistent: every sequence in a
 verify batch drafted in the step before. With one batch empty the same loop is standard
 (sequential) SD; without a draft model every sequence is verified every step (AR).
+
+A verifier that drafts on its own GPU (colocated) runs a plan's verify before its draft, so its
+sequential SD is *fused*: one plan per cycle verifies every sequence that drafted in the plan
+before and then drafts every sequence again. Alternating draft-only and verify plans instead left
+each verify plan one control round trip behind a short draft step (docs/benchmarks/gpu.md).
 """
 
 from __future__ import annotations
@@ -41,6 +46,12 @@ class TwoBatchScheduler:
         self.two_batches = two_batches
         self.rebalance_threshold = rebalance_threshold  # load gap (in step-cost units) tolerated without moves
         self.seqs: dict[int, SeqSched] = {}
+        self.fuse_sd = False  # one batch: verify, then draft, in every plan (a colocated verifier)
+
+    @property
+    def fused(self) -> bool:
+        """Plans now verify and draft the same batch."""
+        return self.fuse_sd and not self.two_batches
 
     def load(self, batch: int) -> float:
         return sum(s.step_cost for s in self.seqs.values() if s.batch == batch)
@@ -109,6 +120,8 @@ class TwoBatchScheduler:
             for seq in self.seqs.values():
                 seq.next_is_draft = True
             return StepBatches(verify=sorted(self.seqs))
+        if self.fused:
+            return self._plan_fused()
         drafting = step % 2
         out = StepBatches()
         for seq in sorted(self.seqs.values(), key=lambda s: s.seq_id):
@@ -118,6 +131,15 @@ class TwoBatchScheduler:
             elif seq.batch != drafting and not seq.next_is_draft:
                 out.verify.append(seq.seq_id)
                 seq.next_is_draft = True
+        return out
+
+    def _plan_fused(self) -> StepBatches:
+        out = StepBatches()
+        for seq in sorted(self.seqs.values(), key=lambda s: s.seq_id):
+            if not seq.next_is_draft:
+                out.verify.append(seq.seq_id)
+            out.draft.append(seq.seq_id)
+            seq.next_is_draft = False
         return out
 
     def batch_sizes(self) -> tuple[int, int]:

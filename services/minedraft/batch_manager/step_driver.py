@@ -111,7 +111,7 @@ class StepDriver:
             plan = control_pb2.StepPlan(add=[*self.draft_adds, *adds], **fields)
             self.draft.link.send(control_pb2.ControlMessage(plan=plan))
             self.draft_adds = []
-        kind = self.counters.count_step(with_drafts, batches.draft, batches.verify)
+        kind = self.counters.count_step(with_drafts, batches.draft, batches.verify, self.sched.fused)
         self._drafted_at[self.step] = (self.k_plan.judged(self.step) if with_drafts else 0, kind)
         self.pending_remove = []
         self.in_flight += 1

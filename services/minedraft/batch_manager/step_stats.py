@@ -49,12 +49,13 @@ class Counters:
             for count in counts:
                 self.note_speculative_tokens(count)
 
-    def count_step(self, with_drafts: bool, draft: Sequence[int], verify: Sequence[int]) -> str:
-        """One issued plan, by kind: psd (both batches busy), sd (one of them) or ar; returns the kind."""
+    def count_step(self, with_drafts: bool, draft: Sequence[int], verify: Sequence[int], fused: bool = False) -> str:
+        """One issued plan, by kind: psd (both batches busy), sd (one of them, or one batch fused) or ar;
+        returns the kind."""
         if not with_drafts:
             self.ar_steps += bool(verify)
             return "ar"
-        if draft and verify:
+        if draft and verify and not fused:
             self.psd_steps += 1
             return "psd"
         self.sd_steps += bool(draft or verify)

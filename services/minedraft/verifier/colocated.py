@@ -4,6 +4,8 @@ The paper's baseline, a deployment for users without a spare GPU. The batch mana
 as it drives a draft service (a plan's draft batch drafts, the next plan verifies it), but the
 drafts stay in this process: no data plane, no draft service. After each verify the verdict is
 committed to the draft model's KV here, as the draft service commits the verdicts it receives.
+A plan's verify runs before its draft, so in sequential SD the manager sends one plan per cycle
+that verifies a batch and drafts it again (scheduler.py, "fused").
 """
 
 from __future__ import annotations
