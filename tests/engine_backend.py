@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from minedraft.batch_manager.backend import GenerationChunk, QueueFullError
@@ -55,15 +55,27 @@ class _Wake:
 class RequestStream(AsyncIterator[GenerationChunk]):
     """Chunks of one request; `aclose()` before the end aborts it (the API layers always close)."""
 
-    def __init__(self, backend: EngineBackend, handle: _Handle) -> None:
+    def __init__(self, backend: EngineBackend, handle: _Handle, partial: bool = True) -> None:
         self._backend = backend
         self._handle = handle
+        self._partial = partial  # False: one chunk at the end, holding all the output
         self._finished = False
 
     def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> GenerationChunk:
+        chunk = await self._next()
+        if self._partial:
+            return chunk
+        parts, token_ids = [chunk.text], list(chunk.token_ids)
+        while chunk.finish_reason is None:
+            chunk = await self._next()
+            parts.append(chunk.text)
+            token_ids += chunk.token_ids
+        return replace(chunk, text="".join(parts), token_ids=token_ids)
+
+    async def _next(self) -> GenerationChunk:
         if self._finished:
             raise StopAsyncIteration
         item = await self._handle.queue.get()
@@ -126,7 +138,7 @@ class EngineBackend:
     # ----- API side (event loop threads) -----
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                 deadline: float | None = None) -> RequestStream:
+                 deadline: float | None = None, partial: bool = True) -> RequestStream:
         """Admit a request now; raises InvalidRequestError or QueueFullError before any chunk."""
         self._check_alive()
         validate_request(prompt_ids, params, self.max_context, self.engine.target.vocab_size)
@@ -143,7 +155,7 @@ class EngineBackend:
         self._commands.put(handle)
         if deadline is not None:
             handle.loop.call_at(deadline, self._commands.put, _Abort(handle, notify=True))
-        return RequestStream(self, handle)
+        return RequestStream(self, handle, partial)
 
     def status(self) -> dict[str, object]:
         with self._lock:

@@ -92,7 +92,7 @@ class Admission:
         answered (each may have grown every sequence by k + 1 tokens unseen here).
         """
         growth = in_flight * (k + 1) + k
-        held = {id(r): self.blocks_for(len(r.all_tokens) + growth) for r in running}
+        held = {id(r): self.blocks_for(r.num_tokens + growth) for r in running}
         total = sum(held.values())
         out = AdmissionPlan()
         by_age = sorted(running, key=lambda r: r.stats.started)
@@ -104,7 +104,7 @@ class Admission:
             step_growth = self.blocks_for(k + 1)
             count = len(running)
             while self.waiting and count < max_num_seqs:
-                need = self.blocks_for(len(self.waiting[0].all_tokens) + k)
+                need = self.blocks_for(self.waiting[0].num_tokens + k)
                 headroom = (count + 1) * step_growth if count else 0
                 if total + need + headroom > self.limits.block_budget:
                     break

@@ -64,9 +64,12 @@ class GenerationBackend(Protocol):
     max_context: int
 
     def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str, deadline: float | None = None
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, deadline: float | None = None,
+        partial: bool = True,
     ) -> AsyncIterator[GenerationChunk]:
-        """Stream chunks until one carries a finish_reason.
+        """Stream chunks until one carries a finish_reason; with `partial` False (a caller that answers
+        only once the request is done: unary gRPC, non-streaming HTTP) that chunk alone, holding all
+        the output, so no per-step chunk is built, queued and passed along for nothing.
 
         Validation errors raise InvalidRequestError and a full queue raises QueueFullError,
         both before the first chunk; UnavailableError may come at any point (shutting down, or

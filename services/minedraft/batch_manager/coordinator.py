@@ -126,8 +126,8 @@ class Coordinator:
     # ----- GenerationBackend ------------------------------------------------------------
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                 deadline: float | None = None) -> AsyncIterator[GenerationChunk]:
-        return self.driver.generate(prompt_ids, params, deadline)
+                 deadline: float | None = None, partial: bool = True) -> AsyncIterator[GenerationChunk]:
+        return self.driver.generate(prompt_ids, params, deadline, partial)
 
     async def apply_policy(self, **changes: object) -> dict[str, object]:
         """Change mode, k, caps or thresholds without a restart (SpeculationPolicy)."""

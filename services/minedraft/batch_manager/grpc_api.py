@@ -58,7 +58,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return []  # rejected by validation as an empty prompt
 
     async def _chunks(
-        self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+        self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext, partial: bool = True
     ) -> AsyncIterator[tuple[str, GenerationChunk]]:
         """Backend chunks of one request; errors before the first chunk become gRPC statuses."""
         request_id = request.request_id or f"req-{uuid.uuid4().hex}"
@@ -69,7 +69,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             def carrier() -> dict[str, str]:
                 return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
 
-            stream = traced_stream(self.backend.generate(prompt_ids, params, request_id), self.tracer,
+            stream = traced_stream(self.backend.generate(prompt_ids, params, request_id, partial=partial), self.tracer,
                                    "text_completion", carrier, request_id, params)
             async with aclosing(stream):
                 async for chunk in stream:
@@ -86,7 +86,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     ) -> generation_pb2.GenerateResponse:
         response = generation_pb2.GenerateResponse()
         parts: list[str] = []
-        async with aclosing(self._chunks(request, context)) as chunks:
+        async with aclosing(self._chunks(request, context, partial=False)) as chunks:
             async for request_id, chunk in chunks:
                 response.request_id = request_id
                 parts.append(chunk.text)

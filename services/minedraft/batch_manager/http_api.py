@@ -198,7 +198,8 @@ class OpenAIServer:
         params = body.sampling_params(max_tokens)
         deadline = None if body.timeout is None else asyncio.get_running_loop().time() + body.timeout
         # A stream past its deadline ends with an "abort" chunk; a request with nothing sent by then is a 408.
-        stream = traced_stream(self.backend.generate(ids, params, request_id, deadline if body.stream else None),
+        stream = traced_stream(self.backend.generate(ids, params, request_id, deadline if body.stream else None,
+                                                     partial=body.stream),
                                self.tracer, operation, lambda: request.headers, request_id, params)
         try:
             async with asyncio.timeout_at(deadline):

@@ -123,7 +123,7 @@ class StepDriver:
         if req.stats.admitted is None:
             req.stats.admitted = time.perf_counter()
             self.observer.request_started(req)
-        self.sched.add(req.req_id, len(req.all_tokens), req.params.max_tokens - len(req.output_ids))
+        self.sched.add(req.req_id, req.num_tokens, req.params.max_tokens - len(req.output_ids))
         return seq_spec(req)
 
     def _preempt(self, req: Request) -> None:
@@ -135,7 +135,7 @@ class StepDriver:
         self.draft_adds = [spec for spec in self.draft_adds if spec.seq_id != old]
         req.req_id = self.admission.new_id()
         self.streams.renamed(old, req.req_id)
-        log.info("preempted sequence %d (%d tokens) for KV blocks; resumes as %d", old, len(req.all_tokens), req.req_id)
+        log.info("preempted sequence %d (%d tokens) for KV blocks; resumes as %d", old, req.num_tokens, req.req_id)
 
     # ----- verdicts in ------------------------------------------------------------------
 
@@ -193,16 +193,16 @@ class StepDriver:
             self.sched.restart_drafting()
 
     # ----- requests ---------------------------------------------------------------------
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, deadline: float | None = None
-                       ) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, deadline: float | None = None,
+                       partial: bool = True) -> AsyncIterator[GenerationChunk]:
         """Queue a request (its errors raise at the first `anext`), then stream its chunks until one carries a
-        finish reason; closing the iterator early aborts it, and so does `deadline` (loop time)."""
+        finish reason (only that one: `partial` False); closing the iterator early aborts it, as `deadline` does."""
         if not self.accepting:
             raise UnavailableError("the server is shutting down; retry (on another replica)")
         if not self.serving:
             raise UnavailableError("the verifier is not connected (starting, or lost); retry shortly")
         req = self.admission.submit(prompt_ids, params, self.config.k, self.config.pipeline_depth)
-        queue = self.streams.open(req)
+        queue = self.streams.open(req, partial)
         timer = None if deadline is None else asyncio.get_running_loop().call_at(deadline, self.abort, req, True)
         self._wake.set()
         try:

@@ -91,6 +91,11 @@ class Request:
     def all_tokens(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    @property
+    def num_tokens(self) -> int:
+        """len(all_tokens) without building the list (the batch manager asks for every sequence each step)."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
     def finish(self, reason: str) -> None:
         if self.finish_reason is None:
             self.finish_reason = reason
