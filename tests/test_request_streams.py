@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.request_streams import RequestStreams
+from minedraft.core.errors import InvalidRequestError
 from minedraft.core.request import Request
 from minedraft.core.sampling_params import SamplingParams
 from tests.fake_worker_links import greedy
@@ -58,3 +62,23 @@ def test_the_step_loop_sends_a_unary_caller_its_whole_output_in_one_chunk(tokeni
         await stack.coordinator.stop()
 
     drive(scenario)
+
+
+def test_a_stream_interval_holds_chunks_for_enough_tokens_but_never_the_first_or_the_last() -> None:
+    streams = RequestStreams(stream_interval=3)
+    req = Request(1, [5], SamplingParams(max_tokens=10))
+    queue = streams.open(req)
+    for tokens, text in (([7], "a"), ([8], "b"), ([9], "c"), ([10, 11], "de")):
+        produced(req, tokens, text)
+        streams.notify(req)
+    produced(req, [12], "f", finish="stop")
+    streams.notify(req)
+    chunks = [queue.get_nowait() for _ in range(queue.qsize())]
+    # the first at once (time to first token); then 1 and 2 new tokens wait, 4 go; the last at once
+    assert [(c.text, c.token_ids) for c in chunks] == [("a", [7]), ("bcde", [8, 9, 10, 11]), ("f", [12])]
+    assert chunks[-1].finish_reason == "stop"
+
+
+def test_a_stream_interval_below_one_token_is_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="stream_interval must be >= 1"):
+        ManagerConfig(stream_interval=0).validate()

@@ -112,6 +112,7 @@ def test_probes(gpu_mdd) -> None:
     assert bm["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
     e = env(bm)
     assert (e["MINEDRAFT_ADMIN_HOST"], e["MINEDRAFT_DRAIN_GRACE_S"]) == ("0.0.0.0", "30")
+    assert e["MINEDRAFT_STREAM_INTERVAL"] == "1"  # the CRD's default: a chunk per verdict
 
 
 def test_security_and_volumes(gpu_mdd) -> None:

@@ -174,6 +174,9 @@ def spec_schema() -> Schema:
             "batchManager": obj("The CPU batch manager container.", {
                 "resources": resources("the batch manager container"),
                 "maxQueue": integer("Waiting requests before 429 (MINEDRAFT_MAX_QUEUE).", minimum=1, default=1024),
+                "streamInterval": integer("Tokens a streamed chunk waits for; the first and last go at once. Above 1 "
+                                          "the batch manager spends less CPU per token on many streams "
+                                          "(MINEDRAFT_STREAM_INTERVAL).", minimum=1, maximum=1024, default=1),
                 "servedModelName": string("Model name in the APIs; unset = the target folder's name.", max_length=256),
             }, default={}),
             "images": _images(),

@@ -135,6 +135,7 @@ def _manager_env(spec: DeploymentSpec) -> list[dict[str, Any]]:
         "MINEDRAFT_ADMIN_HOST": ANY, "MINEDRAFT_DRAIN_GRACE_S": str(spec.raw["drainSeconds"]),
         **default_policy_env(),
         "MINEDRAFT_MAX_QUEUE": str(bm["maxQueue"]),
+        "MINEDRAFT_STREAM_INTERVAL": str(bm["streamInterval"]),
         "MINEDRAFT_DATA_PLANE_BACKEND": "gloo" if spec.gpu_mode == "none" else "nccl",
         "MINEDRAFT_TOKENIZER": spec.target.model.folder(spec.images["bundledModelsDir"]),
         "MINEDRAFT_VERIFIER_ADDRESS": f"{LOCALHOST}:{ports['verifier']}",

@@ -30,6 +30,7 @@ class ManagerConfig:
     data_plane_backend: str = "gloo"
     data_plane_timeout_s: int = 20
     draft_retry_s: float = 1.0
+    stream_interval: int = 1  # a streaming request's chunk waits for this many new tokens (its first and last do not)
 
     def policy(self) -> dict[str, object]:
         """The live-tunable part (what GET/PUT /admin/policy show)."""
@@ -44,5 +45,8 @@ class ManagerConfig:
         if self.data_plane_backend not in DATA_PLANE_BACKENDS:
             raise InvalidRequestError(
                 f"data_plane_backend must be one of {list(DATA_PLANE_BACKENDS)}, got {self.data_plane_backend!r}")
+        if self.stream_interval < 1:
+            raise InvalidRequestError(f"stream_interval must be >= 1 token, got {self.stream_interval}",
+                                      param="stream_interval")
         if self.data_plane_timeout_s < 1 or self.draft_retry_s < 0:
             raise InvalidRequestError("data_plane_timeout_s must be >= 1 and draft_retry_s >= 0")

@@ -55,7 +55,7 @@ class StepDriver:
         self.draft = DraftSupervisor(draft, verifier, self, lambda: self.config)
         self.sched = TwoBatchScheduler(config.mode in TWO_BATCH_MODES, config.rebalance_threshold)
         self.requests: dict[int, Request] = {}  # running, by id (a request's id is its sequence id)
-        self.streams = RequestStreams()
+        self.streams = RequestStreams(config.stream_interval)
         self.reconnect = VerifierSupervisor(verifier, self, tokenizer.vocab_size, lambda: self.config.draft_retry_s)
         self.pending_remove: list[int] = []  # left since the last plan; the next plan frees their KV
         self.draft_adds: list[control_pb2.SeqSpec] = []  # every running sequence, for a returned draft

@@ -112,7 +112,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
         [sys.executable, "-m", "minedraft.cli.main", "batch-manager", "--tokenizer", str(TINY_TARGET),
          "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--admin-port", str(free_port()),
          "--mode", "ar", "--max-num-seqs", str(args.batch), "--verifier-address", f"127.0.0.1:{worker_port}",
-         "--draft-address", ""], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "--draft-address", "", "--stream-interval", str(args.stream_interval)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = stream_all if args.stream else generate_all
     rows = []
     try:
@@ -124,7 +125,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
             outputs, seconds = asyncio.run(run(grpc_port, prompts, args.max_tokens))
             cpu, steps = cpu_seconds(manager.pid) - cpu0, fetch_status(http_port)["step"] - step0
             tokens = sum(len(o) for o in outputs)
-            rows.append({"batch": args.batch, "stream": args.stream, "tokens": tokens,
+            rows.append({"batch": args.batch, "stream": args.stream, "stream_interval": args.stream_interval,
+                         "tokens": tokens,
                          "tokens_per_s": round(tokens / seconds, 1), "cpu_us_per_token": round(cpu / tokens * 1e6, 2),
                          "cpu_ms_per_step": round(cpu / max(steps, 1) * 1e3, 3),
                          "ms_per_step": round(seconds / max(steps, 1) * 1e3, 3)})
@@ -145,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=4.0, help="the stand-in verifier's step")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--stream", action="store_true", help="GenerateStream clients instead of unary Generate")
+    p.add_argument("--stream-interval", type=int, default=1, help="the manager's --stream-interval")
     p.add_argument("--json-out", type=Path)
     p.add_argument("--serve-verifier", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

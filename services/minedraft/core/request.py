@@ -92,6 +92,11 @@ class Request:
         return self.prompt_ids + self.output_ids
 
     @property
+    def unsent_tokens(self) -> int:
+        """Output tokens not yet handed to the client (`take_delta` hands them on)."""
+        return len(self.output_ids) - self._sent_tokens
+
+    @property
     def num_tokens(self) -> int:
         """len(all_tokens) without building the list (the batch manager asks for every sequence each step)."""
         return len(self.prompt_ids) + len(self.output_ids)
