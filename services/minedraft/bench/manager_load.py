@@ -3,9 +3,10 @@
 The batch manager is one Python process (one event loop) for the whole deployment, so its CPU per
 token caps tokens/s whatever the GPUs do. Here a stand-in verifier (a gRPC worker whose step is a
 timed wait that leaves the interpreter free, as a GPU step does, and gives every sequence one token)
-drives the real `minedraft batch-manager` process, and gRPC clients in this process keep `--batch`
-requests running (unary calls, or streams with `--stream`). The manager's CPU time (user + system,
-from /proc) over each timed run, divided by the tokens it returned, is what a token costs it.
+drives the real `minedraft batch-manager` process, and clients in this process keep `--batch`
+requests running: unary gRPC calls, gRPC streams (`--stream`) or OpenAI HTTP streams (`--http`).
+The manager's CPU time (user + system, from /proc) over each timed run, divided by the tokens it
+returned, is what a token costs it.
 """
 
 from __future__ import annotations
@@ -90,6 +91,29 @@ async def stream_all(port: int, prompts: list[list[int]], max_tokens: int) -> tu
         return list(outputs), time.perf_counter() - start
 
 
+async def sse_all(port: int, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
+    """The same over the OpenAI HTTP API, streamed (server-sent events); counts completion tokens per event."""
+    import httpx  # a dev dependency: only this mode needs it
+
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+
+        async def one(prompt: list[int]) -> list[int]:
+            body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+                    "stream": True, "stream_options": {"include_usage": True}}
+            tokens = 0
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                response.raise_for_status()
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        usage = json.loads(line[6:]).get("usage")
+                        tokens = usage["completion_tokens"] if usage else tokens
+            return [0] * tokens
+
+        start = time.perf_counter()
+        outputs = await asyncio.gather(*(one(p) for p in prompts))
+        return list(outputs), time.perf_counter() - start
+
+
 def wait_for_manager(http_port: int, manager: subprocess.Popen, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -114,18 +138,20 @@ def measure(args: argparse.Namespace) -> list[dict]:
          "--mode", "ar", "--max-num-seqs", str(args.batch), "--verifier-address", f"127.0.0.1:{worker_port}",
          "--draft-address", "", "--stream-interval", str(args.stream_interval)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    run = stream_all if args.stream else generate_all
+    run = sse_all if args.http else stream_all if args.stream else generate_all
+    client_port = http_port if args.http else grpc_port
     rows = []
     try:
         wait_for_manager(http_port, manager)
         prompts = random_prompts(args.batch, seed=1)
-        asyncio.run(run(grpc_port, prompts, min(args.max_tokens, 32)))  # connections, first compiles
+        asyncio.run(run(client_port, prompts, min(args.max_tokens, 32)))  # connections, first compiles
         for _ in range(args.repeats):
             cpu0, step0 = cpu_seconds(manager.pid), fetch_status(http_port)["step"]
-            outputs, seconds = asyncio.run(run(grpc_port, prompts, args.max_tokens))
+            outputs, seconds = asyncio.run(run(client_port, prompts, args.max_tokens))
             cpu, steps = cpu_seconds(manager.pid) - cpu0, fetch_status(http_port)["step"] - step0
             tokens = sum(len(o) for o in outputs)
-            rows.append({"batch": args.batch, "stream": args.stream, "stream_interval": args.stream_interval,
+            rows.append({"batch": args.batch, "client": "http-sse" if args.http else "grpc-stream" if args.stream
+                         else "grpc-unary", "stream_interval": args.stream_interval,
                          "tokens": tokens,
                          "tokens_per_s": round(tokens / seconds, 1), "cpu_us_per_token": round(cpu / tokens * 1e6, 2),
                          "cpu_ms_per_step": round(cpu / max(steps, 1) * 1e3, 3),
@@ -147,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=4.0, help="the stand-in verifier's step")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--stream", action="store_true", help="GenerateStream clients instead of unary Generate")
+    p.add_argument("--http", action="store_true", help="streaming OpenAI /v1/completions clients (needs httpx)")
     p.add_argument("--stream-interval", type=int, default=1, help="the manager's --stream-interval")
     p.add_argument("--json-out", type=Path)
     p.add_argument("--serve-verifier", type=int, metavar="PORT", help=argparse.SUPPRESS)
