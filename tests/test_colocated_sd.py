@@ -142,3 +142,17 @@ def test_colocated_greedy_output_equals_ar_token_for_token(colocated: LocalStack
         assert verifies >= 0.8 * steps["sd"]  # alternating draft and verify plans would verify in half of them
     assert worker_info(colocated.target_port).sequences == 0  # every sequence left the verifier
 
+
+
+def test_colocated_auto_chooses_k_on_one_fused_batch_and_stays_exact(colocated: LocalStack, random_pair) -> None:
+    put_policy(colocated.admin_port, mode="auto", k=3)
+    before = health(colocated)
+    got = run_batch(colocated, PROMPTS, 24)
+    after = health(colocated)
+    put_policy(colocated.admin_port, mode="sd", k=3)
+    assert got == ar_reference(random_pair, PROMPTS, 24)
+    steps = {kind: after["steps_by_kind"][kind] - before["steps_by_kind"][kind] for kind in ("psd", "sd", "ar")}
+    assert steps["psd"] == 0 and steps["sd"] > 0  # one batch: a colocated verifier cannot overlap two
+    chosen = after["adaptive_k"]["plans_by_k"]
+    assert chosen and all(1 <= int(k) <= 3 for k in chosen)
+    assert after["drafted_total"] > before["drafted_total"]

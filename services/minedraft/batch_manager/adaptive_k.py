@@ -14,7 +14,7 @@ draft ~ k and verify flat. Pure bookkeeping: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -165,9 +165,16 @@ class PlanK:
     A step whose verify (or draft) batch holds a sequence on its first verify (draft) also computes
     that sequence's prompt: its time says nothing about k, so it teaches acceptance but not costs.
     Without this, the prefill at the start of every burst of requests inflates the EMA of the k in
-    use and auto wanders off the best k for the next ten or so steps."""
+    use and auto wanders off the best k for the next ten or so steps.
 
-    def __init__(self) -> None:
+    Fused SD (a colocated verifier: one plan verifies the drafts of the plan before, then drafts k
+    more) reports one host time for both halves. The draft's GPU work is queued, not waited for, so
+    that time holds the previous plan's draft and this plan's verify of those drafts: a whole cycle
+    of the k they carried. It is kept as that k's "draft" cost (it grows with k) beside a zero verify
+    cost, so the choice weighs the cycle as SD spends it."""
+
+    def __init__(self, fused: Callable[[], bool] = lambda: False) -> None:
+        self.fused = fused  # plans now verify and draft one batch (scheduler.py)
         self.adaptive: AdaptiveK | None = None
         self.by_step: dict[int, int] = {}  # k drafted at each recent step (0: no drafts)
         self.unverified: set[int] = set()  # sequences whose prompt the verifier has not computed yet
@@ -197,7 +204,7 @@ class PlanK:
                 self.adaptive = AdaptiveK(k_max=k, k_min=min(k_min, k))
             elif (self.adaptive.k_max, self.adaptive.k_min) != (k, min(k_min, k)):
                 self.adaptive.resize(k, k_min)
-            chosen = self.adaptive.choose(overlapped=True, batch=len(draft_batch))
+            chosen = self.adaptive.choose(overlapped=not self.fused(), batch=len(draft_batch))
             if with_drafts:
                 self.chosen[chosen] = self.chosen.get(chosen, 0) + 1
         self.by_step[step] = chosen if with_drafts else 0
@@ -220,7 +227,12 @@ class PlanK:
     def on_verify(self, step: int, drafted: int, accepted: list[int], compute_ms: float) -> None:
         if self.adaptive is not None and drafted > 0 and accepted:
             self.adaptive.observe_verdicts(drafted, accepted)
-            if not self.cold.get(step, (False, False))[0]:
+            if self.fused():
+                cold = self.cold.get(step, (False, False))[0] or self.cold.get(step - 1, (False, False))[1]
+                if not cold:
+                    self.adaptive.draft.add(drafted, compute_ms, len(accepted))
+                    self.adaptive.verify.add(drafted, 0.0, len(accepted))
+            elif not self.cold.get(step, (False, False))[0]:
                 self.adaptive.verify.add(drafted, compute_ms, len(accepted))
 
     def on_draft(self, step: int, compute_ms: float, batch: int = 0) -> None:

@@ -22,6 +22,7 @@ from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.draft_state import DraftState
 from minedraft.batch_manager.link import WorkerLink
 from minedraft.batch_manager.live_policy import apply_policy
+from minedraft.batch_manager.policy import two_batches
 from minedraft.batch_manager.step_driver import StepDriver
 from minedraft.batch_manager.worker_link import GrpcWorkerLink
 from minedraft.core.errors import ModelLoadError
@@ -79,6 +80,7 @@ class Coordinator:
                 await d.draft.link.close()  # a configured draft service is not used
             d.draft.colocate()
             d.sched.fuse_sd = True  # its SD verifies and drafts in one plan (scheduler.py)
+            d.sched.use_two_batches(two_batches(d.config.mode, colocated=True))  # its auto too
         if d.draft.link is not None:
             dinfo = await d.draft.link.info(timeout=connect_timeout)
             if dinfo.vocab_size != vinfo.vocab_size:

@@ -18,6 +18,12 @@ DRAFTING_MODES = ("psd", "sd", "auto")  # modes that use the draft service
 TWO_BATCH_MODES = ("psd", "auto")  # modes that split the running sequences into two batches
 
 
+def two_batches(mode: str, colocated: bool = False) -> bool:
+    """Whether `mode` splits the sequences into two batches. A verifier that drafts itself (colocated)
+    cannot overlap the two, so its auto runs fused SD on one batch, with k chosen for SD's costs."""
+    return mode == "psd" or (mode == "auto" and not colocated)
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyField:
     """One live-tunable setting: its type, its bounds (inclusive) and what it does."""

@@ -28,7 +28,7 @@ from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.draft_state import DraftState
 from minedraft.batch_manager.draft_supervisor import DraftSupervisor
 from minedraft.batch_manager.link import WorkerLink
-from minedraft.batch_manager.policy import TWO_BATCH_MODES
+from minedraft.batch_manager.policy import two_batches
 from minedraft.batch_manager.request_streams import RequestStreams
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
 from minedraft.batch_manager.step_observer import StepObserver
@@ -53,7 +53,7 @@ class StepDriver:
         self.verifier = verifier
         self.admission = admission
         self.draft = DraftSupervisor(draft, verifier, self, lambda: self.config)
-        self.sched = TwoBatchScheduler(config.mode in TWO_BATCH_MODES, config.rebalance_threshold)
+        self.sched = TwoBatchScheduler(two_batches(config.mode), config.rebalance_threshold)
         self.requests: dict[int, Request] = {}  # running, by id (a request's id is its sequence id)
         self.streams = RequestStreams(config.stream_interval)
         self.reconnect = VerifierSupervisor(verifier, self, tokenizer.vocab_size, lambda: self.config.draft_retry_s)
@@ -67,7 +67,7 @@ class StepDriver:
         self.counters = Counters()
         self.observer = StepObserver()  # metrics hook (batch_manager/step_observer.py)
         self._drafted_at: dict[int, tuple[int, str]] = {}  # step -> (drafts per sequence judged, kind)
-        self.k_plan = PlanK()  # the k of each plan (auto: adaptive, batch_manager/adaptive_k.py)
+        self.k_plan = PlanK(lambda: self.sched.fused)  # the k of each plan (auto: adaptive, adaptive_k.py)
         self._holds = 0  # drains in progress; no plan is issued while > 0
         self._stopping = False
         self._wake = asyncio.Event()
