@@ -19,16 +19,21 @@ from tests.fake_worker_links import FakeCluster, FakeDraft, FakeVerifier, greedy
 from tests.step_driver_support import drive, word_tokenizer
 
 
+def accepted_counts(p: float, k: int, sequences: int, rng: random.Random) -> list[int]:
+    """How many of k drafts each sequence accepts when each is right with probability p (i.i.d.)."""
+    counts = []
+    for _ in range(sequences):
+        n = 0
+        while n < k and rng.random() < p:
+            n += 1
+        counts.append(n)
+    return counts
+
+
 def feed(est: AdaptiveK, p: float, k: int, sequences: int, rng: random.Random) -> None:
-    """Verdicts of sequences whose drafts are each right with probability p (i.i.d.)."""
+    """Verdicts of such sequences, 16 per verify."""
     for _ in range(sequences // 16):
-        accepted = []
-        for _ in range(16):
-            n = 0
-            while n < k and rng.random() < p:
-                n += 1
-            accepted.append(n)
-        est.observe_verdicts(k, accepted)
+        est.observe_verdicts(k, accepted_counts(p, k, 16, rng))
 
 
 def best_by_brute_force(p: float, k_max: int, draft_ms: float, verify_ms: float, overlapped: bool) -> int:

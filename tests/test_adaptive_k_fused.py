@@ -8,6 +8,7 @@ import random
 from minedraft.batch_manager.adaptive_k import PlanK
 from minedraft.batch_manager.policy import two_batches
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
+from tests.test_adaptive_k import accepted_counts
 
 
 def sd_rate(p: float, k: int, fixed_ms: float, per_draft_ms: float) -> float:
@@ -27,12 +28,7 @@ def run_fused(p: float, fixed_ms: float, per_draft_ms: float, k_max: int, plans:
                           verify_batch=list(range(8)) if step else [])
         ks.append(k)
         if previous:
-            accepted = []
-            for _ in range(8):
-                n = 0
-                while n < previous and rng.random() < p:
-                    n += 1
-                accepted.append(n)
+            accepted = accepted_counts(p, previous, 8, rng)
             plan.on_verify(step, previous, accepted, fixed_ms + per_draft_ms * previous)
         previous = k
     return plan, ks
