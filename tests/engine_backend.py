@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from minedraft.batch_manager.backend import GenerationChunk, QueueFullError
@@ -40,6 +40,7 @@ class _Handle:
     queue: asyncio.Queue[GenerationChunk | BaseException] = field(default_factory=asyncio.Queue)
     req: Request | None = None
     done: bool = False
+    partial: bool = True  # False: one chunk, when the request finishes, holding all its output
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,27 +56,15 @@ class _Wake:
 class RequestStream(AsyncIterator[GenerationChunk]):
     """Chunks of one request; `aclose()` before the end aborts it (the API layers always close)."""
 
-    def __init__(self, backend: EngineBackend, handle: _Handle, partial: bool = True) -> None:
+    def __init__(self, backend: EngineBackend, handle: _Handle) -> None:
         self._backend = backend
         self._handle = handle
-        self._partial = partial  # False: one chunk at the end, holding all the output
         self._finished = False
 
     def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> GenerationChunk:
-        chunk = await self._next()
-        if self._partial:
-            return chunk
-        parts, token_ids = [chunk.text], list(chunk.token_ids)
-        while chunk.finish_reason is None:
-            chunk = await self._next()
-            parts.append(chunk.text)
-            token_ids += chunk.token_ids
-        return replace(chunk, text="".join(parts), token_ids=token_ids)
-
-    async def _next(self) -> GenerationChunk:
         if self._finished:
             raise StopAsyncIteration
         item = await self._handle.queue.get()
@@ -151,11 +140,11 @@ class EngineBackend:
                     f"{self.engine.config.max_num_seqs} running and {self.max_queue} waiting); retry later"
                 )
             self._live += 1
-        handle = _Handle(request_id, list(prompt_ids), params, asyncio.get_running_loop())
+        handle = _Handle(request_id, list(prompt_ids), params, asyncio.get_running_loop(), partial=partial)
         self._commands.put(handle)
         if deadline is not None:
             handle.loop.call_at(deadline, self._commands.put, _Abort(handle, notify=True))
-        return RequestStream(self, handle, partial)
+        return RequestStream(self, handle)
 
     def status(self) -> dict[str, object]:
         with self._lock:
@@ -258,6 +247,8 @@ class EngineBackend:
                 self._emit(handle, req)
 
     def _emit(self, handle: _Handle, req: Request) -> None:
+        if not (handle.partial or req.finished):
+            return
         chunk = GenerationChunk.take_from(req)
         if chunk is None:
             return

@@ -8,60 +8,32 @@ and the report must show the difference."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.bench.control_trace_report import breakdown, load, main, render
+from minedraft.bench.manager_load import WaitingVerifier
+from minedraft.bundled import TINY_TARGET
 from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.tokenizer import Tokenizer
 from minedraft.observability import control_trace
-from minedraft.proto import control_pb2
 from minedraft.worker.server import serve_worker
-from tests.step_driver_support import word_tokenizer
 
 STEP_S = 0.010
 
 
-class WaitingVerifier:
-    """Verifies every sequence of a plan with one token after a wait that releases the GIL."""
-
-    role = "verifier"
-    device = torch.device("cpu")
-
-    def reset(self) -> None:
-        pass
-
-    def info(self) -> control_pb2.WorkerInfo:
-        return control_pb2.WorkerInfo(role="verifier", vocab_size=64, max_context=4096, num_blocks=4096,
-                                      block_size=16, eos_token_ids=[1], device="cpu")
-
-    def handle_setup(self, setup: control_pb2.DataPlaneSetup) -> control_pb2.WorkerEvent:
-        return control_pb2.WorkerEvent(step=-1, setup_done=True)
-
-    def handle_plan(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent:
-        time.sleep(STEP_S)
-        event = control_pb2.WorkerEvent(step=plan.step)
-        ids = list(plan.verify_batch)
-        event.verdicts.seq_ids.extend(ids)
-        event.verdicts.counts.extend([1] * len(ids))
-        event.verdicts.accepted.extend([0] * len(ids))
-        event.verdicts.tokens.extend([5] * len(ids))
-        return event
-
-
-def traced_run(folder: Path, depth: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[float]]:
+def traced_run(folder: Path, depth: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[float]]:
     monkeypatch.setenv(control_trace.ENV, str(folder))
     control_trace.restart()
-    server = serve_worker(WaitingVerifier(), "127.0.0.1", 0)
+    server = serve_worker(WaitingVerifier(STEP_S), "127.0.0.1", 0)
 
     async def scenario() -> None:
         config = ManagerConfig(mode="ar", max_num_seqs=4, pipeline_depth=depth)
-        coordinator = Coordinator.over_grpc(word_tokenizer(tmp_path / "tok"), "fake", f"127.0.0.1:{server.port}",
-                                            None, config)
+        coordinator = Coordinator.over_grpc(Tokenizer(TINY_TARGET), "fake", f"127.0.0.1:{server.port}", None,
+                                            config)
         await coordinator.start()
 
         async def one() -> None:
@@ -82,8 +54,8 @@ def traced_run(folder: Path, depth: int, tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_the_report_shows_plans_queued_a_step_ahead_at_depth_2_and_just_late_at_depth_1(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    ahead = traced_run(tmp_path / "depth2", 2, tmp_path, monkeypatch)
-    late = traced_run(tmp_path / "depth1", 1, tmp_path, monkeypatch)
+    ahead = traced_run(tmp_path / "depth2", 2, monkeypatch)
+    late = traced_run(tmp_path / "depth1", 1, monkeypatch)
     median = {name: {label: sorted(v)[len(v) // 2] for label, v in parts.items()}
               for name, parts in (("ahead", ahead), ("late", late))}
     assert len(ahead["step (begin -> end)"]) >= 15 and len(late["step (begin -> end)"]) >= 15

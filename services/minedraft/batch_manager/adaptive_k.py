@@ -171,7 +171,7 @@ class PlanK:
     more) reports one host time for both halves. The draft's GPU work is queued, not waited for, so
     that time holds the previous plan's draft and this plan's verify of those drafts: a whole cycle
     of the k they carried. It is kept as that k's "draft" cost (it grows with k) beside a zero verify
-    cost, so the choice weighs the cycle as SD spends it."""
+    cost, so the choice weighs the whole cycle (max and sum of the two halves are then the same)."""
 
     def __init__(self, fused: Callable[[], bool] = lambda: False) -> None:
         self.fused = fused  # plans now verify and draft one batch (scheduler.py)
@@ -204,7 +204,7 @@ class PlanK:
                 self.adaptive = AdaptiveK(k_max=k, k_min=min(k_min, k))
             elif (self.adaptive.k_max, self.adaptive.k_min) != (k, min(k_min, k)):
                 self.adaptive.resize(k, k_min)
-            chosen = self.adaptive.choose(overlapped=not self.fused(), batch=len(draft_batch))
+            chosen = self.adaptive.choose(overlapped=True, batch=len(draft_batch))
             if with_drafts:
                 self.chosen[chosen] = self.chosen.get(chosen, 0) + 1
         self.by_step[step] = chosen if with_drafts else 0

@@ -21,7 +21,7 @@ TWO_BATCH_MODES = ("psd", "auto")  # modes that split the running sequences into
 def two_batches(mode: str, colocated: bool = False) -> bool:
     """Whether `mode` splits the sequences into two batches. A verifier that drafts itself (colocated)
     cannot overlap the two, so its auto runs fused SD on one batch, with k chosen for SD's costs."""
-    return mode == "psd" or (mode == "auto" and not colocated)
+    return mode in TWO_BATCH_MODES and not (colocated and mode == "auto")
 
 
 @dataclass(frozen=True, slots=True)

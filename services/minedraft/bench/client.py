@@ -26,23 +26,33 @@ def put_policy(admin_port: int, host: str = "127.0.0.1", **policy: object) -> di
         return json.loads(r.read())
 
 
-async def one_request(stub: generation_pb2_grpc.GenerationStub, prompt: list[int], max_tokens: int) -> list[int]:
-    """Unary greedy call: an offline batch, as the paper measures; no per-token streaming cost."""
-    request = generation_pb2.GenerateRequest(
+def greedy_request(prompt: list[int], max_tokens: int) -> generation_pb2.GenerateRequest:
+    return generation_pb2.GenerateRequest(
         token_ids=generation_pb2.TokenIds(ids=prompt),
         sampling=generation_pb2.SamplingParameters(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
     )
-    response = await stub.Generate(request, timeout=600)
+
+
+async def one_request(stub: generation_pb2_grpc.GenerationStub, prompt: list[int], max_tokens: int) -> list[int]:
+    """Unary greedy call: an offline batch, as the paper measures; no per-token streaming cost."""
+    response = await stub.Generate(greedy_request(prompt, max_tokens), timeout=600)
     return list(response.token_ids)
 
 
+async def one_stream(stub: generation_pb2_grpc.GenerationStub, prompt: list[int], max_tokens: int) -> list[int]:
+    """Streamed greedy call: a chunk per verdict (or per --stream-interval tokens) reaches the client."""
+    return [t async for chunk in stub.GenerateStream(greedy_request(prompt, max_tokens), timeout=600)
+            for t in chunk.token_ids]
+
+
 async def generate_all(grpc_port: int, prompts: list[list[int]], max_tokens: int,
-                       host: str = "127.0.0.1") -> tuple[list[list[int]], float]:
-    """Every prompt at once; returns the output ids and the wall time of the whole set."""
+                       host: str = "127.0.0.1", stream: bool = False) -> tuple[list[list[int]], float]:
+    """Every prompt at once (unary calls, or streams); returns the output ids and the wall time of the set."""
+    call = one_stream if stream else one_request
     async with grpc.aio.insecure_channel(f"{host}:{grpc_port}") as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         start = time.perf_counter()
-        outputs = await asyncio.gather(*(one_request(stub, p, max_tokens) for p in prompts))
+        outputs = await asyncio.gather(*(call(stub, p, max_tokens) for p in prompts))
         return list(outputs), time.perf_counter() - start
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -20,13 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
-
 from minedraft.bench.client import fetch_status, generate_all
 from minedraft.bench.workload import random_prompts
 from minedraft.bundled import TINY_TARGET
 from minedraft.cli.local_stack import free_port
-from minedraft.proto import control_pb2, generation_pb2, generation_pb2_grpc
+from minedraft.proto import control_pb2
 
 VOCAB = 4096
 
@@ -75,24 +74,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def stream_all(port: int, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
-    """`generate_all` over GenerateStream: one chunk per verdict reaches each client."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
-
-        async def one(prompt: list[int]) -> list[int]:
-            request = generation_pb2.GenerateRequest(
-                token_ids=generation_pb2.TokenIds(ids=prompt),
-                sampling=generation_pb2.SamplingParameters(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
-            return [t async for chunk in stub.GenerateStream(request, timeout=600) for t in chunk.token_ids]
-
-        start = time.perf_counter()
-        outputs = await asyncio.gather(*(one(p) for p in prompts))
-        return list(outputs), time.perf_counter() - start
-
-
 async def sse_all(port: int, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], float]:
-    """The same over the OpenAI HTTP API, streamed (server-sent events); counts completion tokens per event."""
+    """`generate_all` over the OpenAI HTTP API, streamed (server-sent events); the usage counts the tokens."""
     import httpx  # a dev dependency: only this mode needs it
 
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
@@ -138,7 +121,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
          "--mode", "ar", "--max-num-seqs", str(args.batch), "--verifier-address", f"127.0.0.1:{worker_port}",
          "--draft-address", "", "--stream-interval", str(args.stream_interval)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    run = sse_all if args.http else stream_all if args.stream else generate_all
+    run = sse_all if args.http else functools.partial(generate_all, stream=args.stream)
     client_port = http_port if args.http else grpc_port
     rows = []
     try:
