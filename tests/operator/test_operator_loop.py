@@ -290,8 +290,12 @@ async def test_policy_reaches_a_real_batch_manager(kmock, running_pod, policy) -
         # The draft container crash-loops: the replica is pinned to ar, the status says why.
         await k.patch("v1", "pods", NS, "tiny-0", {"status": pod_status(True, DRAFT_CRASHLOOP)}, "status")
         await eventually(lambda: batch_manager_runs({"mode": "ar", "k": 2}), what="pinned to ar")
-        obj = await k.get(*MDD, NS, "tiny")
-        assert conditions(obj)["Degraded"] == ("True", "DraftCrashLoop")
+
+        async def degraded() -> bool:  # the operator pins the replica first, then writes the status
+            assert conditions(await k.get(*MDD, NS, "tiny"))["Degraded"] == ("True", "DraftCrashLoop")
+            return True
+
+        await eventually(degraded, what="Degraded: DraftCrashLoop")
         assert (await asyncio.to_thread(complete, http_port))["choices"][0]["text"] == baseline
 
         # Healthy again: the policy's mode comes back.
