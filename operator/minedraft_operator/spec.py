@@ -61,7 +61,8 @@ class Worker:
     @classmethod
     def parse(cls, role: str, raw: dict[str, Any], cpu_only: bool) -> Worker:
         tuning = {env: raw[key] for key, env in (("numBlocks", "NUM_BLOCKS"), ("blockSize", "BLOCK_SIZE"),
-                                                 ("threads", "THREADS")) if key in raw}
+                                                 ("threads", "THREADS"), ("captureBatch", "CAPTURE_BATCH"),
+                                                 ("captureK", "CAPTURE_K")) if key in raw}
         return cls(ModelSource.parse(role, raw["model"]), raw.get("dtype") or ("float32" if cpu_only else "bfloat16"),
                    raw.get("tensorParallelSize", 1), tuning, raw.get("resources", {}))
 

@@ -72,6 +72,9 @@ def test_tensor_parallel_ranks_rendezvous_on_localhost(tp: int, gpu_mdd) -> None
     assert {e["MINEDRAFT_TP_SIZE"] for e in ranks} == {str(tp)}
     assert {e["MINEDRAFT_TP_ADDR"] for e in ranks} == {"127.0.0.1:29650"}
     assert {e["MINEDRAFT_MODEL"] for e in ranks} == {"/models/target/Llama-3.3-70B-Instruct"}
+    # Captured graphs hold the all-reduces: every rank must capture the same shapes at start-up.
+    assert {(e["MINEDRAFT_CAPTURE_BATCH"], e["MINEDRAFT_CAPTURE_K"]) for e in ranks} == {("64", "8")}
+    assert env(cs["draft"])["MINEDRAFT_CAPTURE_BATCH"] == "64"
 
 
 def test_cpu_profile_requests_no_gpus(cpu_mdd) -> None:
@@ -81,7 +84,7 @@ def test_cpu_profile_requests_no_gpus(cpu_mdd) -> None:
     for name in ("verifier", "draft"):
         e = env(cs[name])
         assert e["MINEDRAFT_DEVICE"] == "cpu" and e["MINEDRAFT_DTYPE"] == "float32"
-        assert not any(k.startswith(("CUDA", "NCCL")) for k in e)
+        assert not any(k.startswith(("CUDA", "NCCL", "MINEDRAFT_CAPTURE")) for k in e)
         assert "claims" not in cs[name]["resources"] and "limits" not in cs[name]["resources"]
     assert env(cs["verifier"])["MINEDRAFT_MODEL"] == "/opt/minedraft/models/tiny-target"
     assert env(cs["draft"])["MINEDRAFT_MODEL"] == "/opt/minedraft/models/tiny-draft"

@@ -165,7 +165,8 @@ class PlanK:
     A step whose verify (or draft) batch holds a sequence on its first verify (draft) also computes
     that sequence's prompt: its time says nothing about k, so it teaches acceptance but not costs.
     Without this, the prefill at the start of every burst of requests inflates the EMA of the k in
-    use and auto wanders off the best k for the next ten or so steps.
+    use and auto wanders off the best k for the next ten or so steps. A step that captured a CUDA
+    graph (a shape met for the first time, tens of ms on a GPU) is left out of the costs alike.
 
     Fused SD (a colocated verifier: one plan verifies the drafts of the plan before, then drafts k
     more) reports one host time for both halves. The draft's GPU work is queued, not waited for, so
@@ -224,9 +225,12 @@ class PlanK:
         """Drafts each sequence verified at `step` carries: its batch drafted in the step before."""
         return self.by_step.get(step - 1, 0)
 
-    def on_verify(self, step: int, drafted: int, accepted: list[int], compute_ms: float) -> None:
+    def on_verify(self, step: int, drafted: int, accepted: list[int], compute_ms: float | None) -> None:
+        """`compute_ms`: None when the step's time says nothing of its k (it captured a CUDA graph)."""
         if self.adaptive is not None and drafted > 0 and accepted:
             self.adaptive.observe_verdicts(drafted, accepted)
+            if compute_ms is None:
+                return
             if self.fused():
                 cold = self.cold.get(step, (False, False))[0] or self.cold.get(step - 1, (False, False))[1]
                 if not cold:
@@ -235,7 +239,7 @@ class PlanK:
             elif not self.cold.get(step, (False, False))[0]:
                 self.adaptive.verify.add(drafted, compute_ms, len(accepted))
 
-    def on_draft(self, step: int, compute_ms: float, batch: int = 0) -> None:
+    def on_draft(self, step: int, compute_ms: float | None, batch: int = 0) -> None:
         k = self.by_step.get(step, 0)
-        if self.adaptive is not None and k > 0 and compute_ms > 0 and not self.cold.get(step, (False, False))[1]:
+        if self.adaptive is not None and k > 0 and compute_ms and not self.cold.get(step, (False, False))[1]:
             self.adaptive.draft.add(k, compute_ms, batch)

@@ -32,7 +32,7 @@ from minedraft.batch_manager.policy import two_batches
 from minedraft.batch_manager.request_streams import RequestStreams
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
 from minedraft.batch_manager.step_observer import StepObserver
-from minedraft.batch_manager.step_stats import Counters, busy_ms
+from minedraft.batch_manager.step_stats import Counters, cost_ms
 from minedraft.batch_manager.verifier_supervisor import VerifierSupervisor
 from minedraft.core.codec import seq_spec
 from minedraft.core.request import Request
@@ -153,7 +153,7 @@ class StepDriver:
         drafted, kind = self._drafted_at.pop(event.step, (0, "ar"))
         self.observer.verify_done(event, kind, wall_ms)
         drafted = 0 if event.data_plane_lost else drafted  # lost: the verifier judged this step without drafts
-        self.k_plan.on_verify(event.step, drafted, list(event.verdicts.accepted), busy_ms(event.timing))
+        self.k_plan.on_verify(event.step, drafted, list(event.verdicts.accepted), cost_ms(event.timing))
         self._apply_verdicts(event.verdicts, drafted, event.step)
         if event.data_plane_lost:
             self.draft.lost()
@@ -272,7 +272,7 @@ class StepDriver:
 
     def draft_step_done(self, event: control_pb2.WorkerEvent) -> None:
         self.counters.add_timing("draft", event.timing)
-        self.k_plan.on_draft(event.step, busy_ms(event.timing), event.timing.batch)
+        self.k_plan.on_draft(event.step, cost_ms(event.timing), event.timing.batch)
         self.observer.draft_done(event)
 
     def on_verifier_lost(self) -> None:

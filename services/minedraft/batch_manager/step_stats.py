@@ -14,6 +14,12 @@ def busy_ms(timing: control_pb2.StepTiming) -> float:
     host time of the compute."""
     return timing.device_ms or timing.compute_ms
 
+
+def cost_ms(timing: control_pb2.StepTiming) -> float | None:
+    """What this step says a step of its shape costs: None when it captured a CUDA graph (tens of ms
+    that its shape will not pay again)."""
+    return None if timing.graph_capture_ms > 0 else busy_ms(timing)
+
 AUTO_MIN_SAMPLES = 32  # speculative verifies auto mode needs before judging
 
 
@@ -79,6 +85,7 @@ class Counters:
         # per-plan mean halves its busy time; time per *batch* divides by this count instead.
         t[f"{side}_busy_steps"] = t.get(f"{side}_busy_steps", 0) + (timing.batch > 0)
         t[f"{side}_busy_ms"] = t.get(f"{side}_busy_ms", 0.0) + busy_ms(timing)
-        for name in ("compute_ms", "recv_wait_ms", "send_ms", "control_ms", "plan_wait_ms", "plan_queued_ms"):
+        for name in ("compute_ms", "recv_wait_ms", "send_ms", "control_ms", "plan_wait_ms", "plan_queued_ms",
+                     "graph_capture_ms"):
             key = f"{side}_{name}"
             t[key] = t.get(key, 0.0) + getattr(timing, name)

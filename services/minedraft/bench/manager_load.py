@@ -51,6 +51,9 @@ class WaitingVerifier:
     def handle_setup(self, setup: control_pb2.DataPlaneSetup) -> control_pb2.WorkerEvent:
         return control_pb2.WorkerEvent(step=-1, setup_done=True)
 
+    def graph_capture_ms(self) -> float:
+        return 0.0
+
     def handle_plan(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent:
         time.sleep(self.step_s)
         event = control_pb2.WorkerEvent(step=plan.step)

@@ -205,6 +205,9 @@ class DraftExecutor(PlaneOwner):
         self.awaited, self.launched = None, None
         event.data_plane_lost = True
 
+    def graph_capture_ms(self) -> float:
+        return self.worker.runner.graph_capture_ms
+
     def info(self) -> control_pb2.WorkerInfo:
         info = worker_info(self.worker, self.role, self.last_step,
                            transport=self.plane.transport if self.plane is not None else "")

@@ -24,10 +24,11 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     from minedraft.engine.drafter import Drafter
     from minedraft.engine.loader import load_model
     from minedraft.engine.runner import ModelRunner
-    from minedraft.worker.process import prepare_process, run_worker
+    from minedraft.worker.process import capture_ahead, prepare_process, run_worker
 
     def make_executor(runner: ModelRunner) -> DraftExecutor:
         launch_ahead = args.launch_ahead == "on" or (args.launch_ahead == "auto" and runner.device.type == "cuda")
+        capture_ahead(runner, args, scoring=False, name="draft service")
         return DraftExecutor(Drafter(runner), launch_ahead)
 
     prepare_process(args, "draft service")

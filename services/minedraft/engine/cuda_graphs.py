@@ -4,11 +4,17 @@ A graph is captured per (batch bucket, query width, logits width) on first use, 
 static input buffers; a smaller batch is padded to its bucket with zero-length rows,
 which write no KV and whose logits are dropped. Logits are copied out of the graph's
 buffer so the next replay cannot overwrite what a caller still holds.
+
+A capture costs tens of milliseconds on an 8B model, so a step that meets a new shape is that much
+slower: `capture_ms` counts it (workers report it per step, and adaptive k must not take such a step
+for the cost of its k), and `capture_ahead` takes every steady-state shape up front, as a server
+should before its first request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +52,14 @@ class GraphCache:
         self.max_blocks_per_seq = max_blocks_per_seq
         self.steps: dict[tuple[int, int, int], CapturedStep] = {}
         self.pool: tuple | None = None
+        self.capture_ms = 0.0  # host time spent capturing, in total
+
+    def capture_ahead(self, keys: Iterable[tuple[int, int, int]]) -> int:
+        """Capture these (bucket, width, last_n) now; returns how many were new."""
+        new = [key for key in dict.fromkeys(keys) if key not in self.steps]
+        for key in new:
+            self._capture(key)
+        return len(new)
 
     @staticmethod
     def bucket(batch: int) -> int | None:
@@ -91,6 +105,7 @@ class GraphCache:
         return step.logits[:batch].clone()
 
     def _capture(self, key: tuple[int, int, int]) -> CapturedStep:
+        started = time.perf_counter()
         bucket, width, last_n = key
         device = self.device
         ids = torch.zeros((bucket, width), dtype=torch.long, device=device)
@@ -108,4 +123,5 @@ class GraphCache:
         self.pool = graph.pool()
         step = CapturedStep(graph, ids, meta, logits)
         self.steps[key] = step
+        self.capture_ms += (time.perf_counter() - started) * 1000.0
         return step

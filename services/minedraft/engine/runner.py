@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from minedraft.engine.attention import build_metadata
-from minedraft.engine.cuda_graphs import GraphCache
+from minedraft.engine.cuda_graphs import BATCH_BUCKETS, MAX_GRAPH_WIDTH, GraphCache
 from minedraft.engine.kv_cache import BlockAllocator, KVCache
 from minedraft.engine.model import CausalLM
 from minedraft.engine.transfer import to_device
@@ -54,6 +54,23 @@ class ModelRunner:
     @property
     def allocator(self) -> BlockAllocator:
         return self.cache.allocator
+
+    @property
+    def graph_capture_ms(self) -> float:
+        """Host time spent capturing CUDA graphs so far (0 without graphs)."""
+        return self.graphs.capture_ms if self.graphs is not None else 0.0
+
+    def capture_ahead(self, max_batch: int, k: int, scoring: bool) -> int:
+        """Capture now the graph of every steady-state step of up to `max_batch` sequences and k drafts: a
+        verifier's windows of 1..k+1 tokens, logits at every position (`scoring`), or a drafter's feeds of
+        1..k+1 tokens, logits at the last. Tensor-parallel ranks must all call it alike (the graphs hold
+        all-reduces). Returns how many were new; 0 without graphs."""
+        if self.graphs is None or max_batch <= 0:
+            return 0
+        top = GraphCache.bucket(max_batch) or BATCH_BUCKETS[-1]
+        widths = range(1, min(k + 1, MAX_GRAPH_WIDTH) + 1)
+        return self.graphs.capture_ahead((b, w, w if scoring else 1) for b in BATCH_BUCKETS if b <= top
+                                         for w in widths)
 
     def forward(self, seq_ids: list[int], tokens: list[list[int]], starts: list[int], last_n: int) -> torch.Tensor:
         """Feed tokens[b] at positions starts[b].. and return logits [B, last_n, V].

@@ -35,10 +35,16 @@ class WorkerTelemetry:
                                     "sending, plan bookkeeping, idle before the plan.",
                                     ["role", "part"], buckets=STEP_BUCKETS, registry=self.registry)
         self.steps = Counter("minedraft:worker_steps", "Steps this worker executed.", ["role"], registry=self.registry)
+        self.graph_capture = Counter("minedraft:worker_graph_capture_seconds",
+                                     "Time steps spent capturing CUDA graphs of new shapes (none once every shape "
+                                     "was captured; --capture-batch takes them at start-up).", ["role"],
+                                     registry=self.registry)
         self.registry.register(_KvGauges(role, info))
 
     def step(self, plan: control_pb2.StepPlan, event: control_pb2.WorkerEvent, start_ns: int, end_ns: int) -> None:
         self.steps.labels(self.role).inc()
+        if event.timing.graph_capture_ms:
+            self.graph_capture.labels(self.role).inc(event.timing.graph_capture_ms / 1000.0)
         for part in STEP_PARTS:
             self.step_parts.labels(self.role, part.removesuffix("_ms")).observe(getattr(event.timing, part) / 1000.0)
         if self.tracer is not None and plan.step % self.trace_every == 0:

@@ -269,6 +269,10 @@ class VerifierExecutor(PlaneOwner):
             self._drop_plane()
             event.data_plane_lost = True
 
+    def graph_capture_ms(self) -> float:
+        colocated = self.colocated.drafter.runner.graph_capture_ms if self.colocated is not None else 0.0
+        return self.worker.runner.graph_capture_ms + colocated
+
     def info(self) -> control_pb2.WorkerInfo:
         role = self.role if self.colocated is None else COLOCATED_VERIFIER_ROLE
         info = worker_info(self.worker, role, self.last_step, data_plane_addr=self.store_host,

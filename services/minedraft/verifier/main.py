@@ -43,10 +43,13 @@ def colocated_drafter(args: argparse.Namespace, load: ModelLoader) -> ColocatedD
     from minedraft.engine.loader import parse_dtype
     from minedraft.engine.runner import ModelRunner
     from minedraft.verifier.colocated import ColocatedDrafter
+    from minedraft.worker.process import capture_ahead
 
     model = load(args.colocated_draft, args.device, parse_dtype(args.dtype))
     logging.info("colocated draft %s on %s: standard SD without a draft service", args.colocated_draft, args.device)
-    return ColocatedDrafter(Drafter(ModelRunner(model, args.num_blocks, args.block_size, args.device)))
+    runner = ModelRunner(model, args.num_blocks, args.block_size, args.device)
+    capture_ahead(runner, args, scoring=False, name="colocated draft")
+    return ColocatedDrafter(Drafter(runner))
 
 
 def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     from minedraft.engine.verifier import Verifier
     from minedraft.verifier.executor import VerifierExecutor
     from minedraft.verifier.tp_follower import follow
-    from minedraft.worker.process import load_runner, prepare_process, run_worker
+    from minedraft.worker.process import capture_ahead, load_runner, prepare_process, run_worker
     from minedraft.worker.rendezvous import host_store
     from minedraft.worker.stall_watch import StallWatch
     from minedraft.worker.tp_group import KIND_STOP, TP_TIMEOUT_S, StepBroadcast, join_tp_group
@@ -78,12 +81,14 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     if tp is not None and tp.rank > 0:
         assert channel is not None
         worker = Verifier(load_runner(args, tp, load))
+        capture_ahead(worker.runner, args, scoring=True, name=f"verifier-tp{tp.rank}")  # in step with rank 0
         logging.info("tensor-parallel rank %d of %d following rank 0", tp.rank, tp.size)
         exit_if_rank0_never_stops(args.drain_grace_s + DRAIN_MARGIN_S)
         follow(worker, channel, f"verifier-tp{tp.rank}", stall)
         return 0
 
     def make_executor(runner: ModelRunner) -> VerifierExecutor:
+        capture_ahead(runner, args, scoring=True, name="verifier")
         store = host_store(args.host, args.data_port)
         logging.info("data plane rendezvous store listening on %s:%d only", args.host, store.port)
         # auto: one GPU only; with tensor-parallel followers it has not paid yet (docs/benchmarks/gpu.md)

@@ -61,6 +61,17 @@ def load_runner(args: argparse.Namespace, tp: TPContext | None = None, load: Mod
     return ModelRunner(model, args.num_blocks, args.block_size, args.device)
 
 
+def capture_ahead(runner: ModelRunner, args: argparse.Namespace, scoring: bool, name: str) -> None:
+    """--capture-batch: every steady step's CUDA graph now, before the first request (runner.capture_ahead)."""
+    if args.capture_batch <= 0:
+        return
+    started = time.monotonic()
+    captured = runner.capture_ahead(args.capture_batch, args.capture_k, scoring)
+    if captured:
+        logging.info("%s: %d CUDA graphs captured (up to %d sequences, k <= %d) in %.1f s", name, captured,
+                     args.capture_batch, args.capture_k, time.monotonic() - started)
+
+
 def worker_telemetry(args: argparse.Namespace, executor: StepExecutor) -> WorkerTelemetry | None:
     """Metrics on --metrics-port and sampled step spans when OTEL_* asks; None (no cost) when neither."""
     tracer = tracer_from_env(f"minedraft-{executor.role}")

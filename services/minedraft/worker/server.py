@@ -50,6 +50,8 @@ class StepExecutor(Protocol):
 
     def info(self) -> control_pb2.WorkerInfo: ...
 
+    def graph_capture_ms(self) -> float: ...
+
 
 class WorkerServicer(control_pb2_grpc.WorkerServicer):
     """One batch manager at a time drives the executor; a new stream resets its state."""
@@ -116,6 +118,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
                     if profiler is not None and msg.plan.step == profile_from_step():
                         profiler.enable()
                     started_ns = time.time_ns()
+                    captured_before = self.executor.graph_capture_ms()
                     if window is not None:
                         window.before_step(msg.plan.step)
                     event = self.executor.handle_plan(msg.plan)
@@ -123,6 +126,7 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
                         window.after_step()
                     event.timing.plan_wait_ms = waited
                     event.timing.plan_queued_ms = queued
+                    event.timing.graph_capture_ms = self.executor.graph_capture_ms() - captured_before
                     if self.telemetry is not None:
                         self.telemetry.step(msg.plan, event, started_ns, time.time_ns())
                     events.put(event)

@@ -53,6 +53,13 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                              "(verifier/ and draft_service/launch_ahead.py); auto = on for a GPU (the verifier: a GPU "
                              "and no tensor parallelism) "
                              "[MINEDRAFT_LAUNCH_AHEAD]")
+    parser.add_argument("--capture-batch", type=int, default=int(env("CAPTURE_BATCH", "0")),
+                        help="on a GPU, capture at start-up the CUDA graph of every steady step of up to this many "
+                             "sequences (the policy's max_num_seqs) instead of on first use, where each new shape "
+                             "stalls its step by tens of ms; 0 = on first use [MINEDRAFT_CAPTURE_BATCH]")
+    parser.add_argument("--capture-k", type=int, default=int(env("CAPTURE_K", "8")),
+                        help="with --capture-batch: for up to this many drafts per sequence per step (the policy's "
+                             "k; 0 = plain decoding only) [MINEDRAFT_CAPTURE_K]")
     if role == "verifier":
         parser.add_argument("--tp-size", type=int, default=int(env("TP_SIZE", "1")),
                             help="tensor-parallel ranks of the verifier [MINEDRAFT_TP_SIZE]")
