@@ -1,17 +1,26 @@
-"""Adaptive k (auto) against fixed k on a colocated verifier (fused SD), one GPU, 8B-shaped synthetic pair.
+"""Adaptive k (auto) against every fixed k on a colocated verifier (fused SD), one GPU, 8B-shaped synthetic pair.
 
-Usage (repository root, a CUDA machine): python3 scripts/colocated_auto.py ACCEPTANCES MS KS
-e.g.   python3 scripts/colocated_auto.py 0.7,0.5,0.9 16,64 2,4,6
-For each acceptance level it starts one colocated stack, captures every verify and draft width auto may use,
-then times SD at each fixed k and auto (k <= max(KS)) in two alternating rounds per batch size, and prints one
-JSON line per (acceptance, m): tokens/s per round, the k auto chose per round, the best fixed k, auto's ratio
-to it, and whether every configuration's greedy output was identical.
+Usage (repository root, a CUDA machine):
+    python3 scripts/colocated_auto.py ACCEPTANCES MS KS [--tokens N] [--rounds R] [--capture-k K] [--workloads W]
+e.g.   python3 scripts/colocated_auto.py 0.7,0.5,0.9 16,64 1,2,3,4,5,6 --tokens 256 --rounds 2
+For each acceptance level it starts one colocated stack whose workers capture every CUDA graph auto may
+need at start-up (--capture-k, default max(KS); 0 = on first use), then, per batch size m and workload,
+times SD at each fixed k and auto (k <= max(KS)) in R rounds (the order reversed every other round, so a
+drift of the machine hits every configuration alike). Workloads (--workloads, default uniform,draining):
+"uniform" (m requests of N tokens), "draining" (m requests of 32..2N-32 tokens, mean N: the batch shrinks as
+they end, so the best k moves) and "queued" (4m such requests for a batch of m: an ended request's place
+is taken by a waiting one until the last m drain, closest to serving).
+One JSON line per (acceptance, m, workload): tokens/s per round, the median per configuration, the best
+fixed k by median, auto's ratio to it, the k auto chose, the graph-capture ms inside timed runs (must be
+0: no capture in a timed run), what auto learnt, and whether every configuration's output was identical.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import statistics
 import sys
 
 from minedraft.bench.client import fetch_status, generate_all, put_policy
@@ -21,44 +30,91 @@ from minedraft.bench.synthetic_pair import SyntheticSpec
 from minedraft.bench.workload import random_prompts
 
 
-def run_level(acceptance: float, ms: list[int], fixed: list[int], prompts: list[list[int]]) -> None:
+def spread(count: int, tokens: int) -> list[int]:
+    """Lengths 32..2N-32 (mean N), long and short interleaved."""
+    lengths = [32 + (2 * tokens - 64) * i // max(count - 1, 1) for i in range(count)]
+    return lengths[::2] + lengths[1::2]
+
+
+def workloads(m: int, tokens: int) -> dict[str, list[int]]:
+    """name -> each request's length, all sent at once to a batch of m."""
+    return {"uniform": [tokens] * m, "draining": spread(m, tokens), "queued": spread(4 * m, tokens)}
+
+
+def timed(stack, mode: str, k: int, prompts: list[list[int]], lengths: list[int], m: int) -> dict:
+    before = fetch_status(stack.cfg.http_port)
+    row, out = measure(stack, mode, k, prompts[:len(lengths)], lengths, 1, max_num_seqs=m)
+    after = fetch_status(stack.cfg.http_port)
+    captured = (after["timing_totals"].get("verify_graph_capture_ms", 0.0)
+                - before["timing_totals"].get("verify_graph_capture_ms", 0.0))
+    plans = {key: n - ((before.get("adaptive_k") or {}).get("plans_by_k", {}).get(key, 0))
+             for key, n in ((after.get("adaptive_k") or {}).get("plans_by_k", {})).items()}
+    return {"rate": round(row["tokens_per_s"], 1), "out": out, "captured_ms": round(captured, 1),
+            "plans_by_k": {key: n for key, n in plans.items() if n > 0},
+            # per verify step of the timed run: what the model predicts against what happened
+            "steps": row["steps"], "step_ms": round(row["step_ms"], 3), "verify_ms": round(row["verify_ms"], 3),
+            "mean_accepted_length": round(row["mean_accepted_length"], 3)}
+
+
+def run_level(acceptance: float, ms: list[int], fixed: list[int], args: argparse.Namespace,
+              prompts: list[list[int]]) -> None:
     target, draft = SyntheticSpec("llama3-8b", "target", 0.02, 4, agree_for_acceptance(acceptance)).pair()
-    stack = colocated_stack(PairSpecs(str(target), str(draft)), 2048, max(ms))
+    capture_k = max(fixed) if args.capture_k is None else args.capture_k
+    stack = colocated_stack(PairSpecs(str(target), str(draft)), 4096, max(ms), capture_k=capture_k)
     stack.start_verifier()
     stack.start_manager()
-    stack.wait_ready(600)
+    stack.wait_ready(900)
     try:
-        for m in ms:
+        for m in ms:  # Triton autotuning and the first allocations, outside every timed run
             for k in range(1, max(fixed) + 1):
                 put_policy(stack.admin_port, mode="sd", k=k, max_num_seqs=m)
                 asyncio.run(generate_all(stack.cfg.grpc_port, prompts[:m], 32))
+        configs = [*((f"k={k}", "sd", k) for k in fixed), ("auto", "auto", max(fixed))]
         for m in ms:
-            rates: dict[str, list[float]] = {}
-            chosen: list[dict[str, int]] = []
-            outputs = {}
-            for _ in range(2):
-                for name, mode, k in [*((f"k={k}", "sd", k) for k in fixed), ("auto", "auto", max(fixed))]:
-                    before = (fetch_status(stack.cfg.http_port).get("adaptive_k") or {}).get("plans_by_k", {})
-                    row, out = measure(stack, mode, k, prompts[:m], 128, 1)
-                    after = (fetch_status(stack.cfg.http_port).get("adaptive_k") or {}).get("plans_by_k", {})
-                    rates.setdefault(name, []).append(round(row["tokens_per_s"], 1))
-                    outputs.setdefault(name, out)
-                    if mode == "auto":
-                        chosen.append({k2: n - before.get(k2, 0) for k2, n in after.items() if n > before.get(k2, 0)})
-            best = max((n for n in rates if n != "auto"), key=lambda n: max(rates[n]))
-            print(json.dumps({"acceptance": acceptance, "m": m, "tokens_per_s": rates, "auto_k": chosen,
-                              "best_fixed": best, "auto_over_best": round(max(rates["auto"]) / max(rates[best]), 3),
-                              "outputs_identical": len({json.dumps(o) for o in outputs.values()}) == 1}), flush=True)
+            for name, lengths in workloads(m, args.tokens).items():
+                if name not in args.workloads.split(","):
+                    continue
+                runs: dict[str, list[dict]] = {}
+                for r in range(args.rounds):
+                    for label, mode, k in configs if r % 2 == 0 else configs[::-1]:
+                        runs.setdefault(label, []).append(timed(stack, mode, k, prompts, lengths, m))
+                median = {label: statistics.median(x["rate"] for x in rs) for label, rs in runs.items()}
+                best = max((label for label in median if label != "auto"), key=median.__getitem__)
+                status = fetch_status(stack.cfg.http_port).get("adaptive_k") or {}
+                print(json.dumps({
+                    "acceptance": acceptance, "m": m, "workload": name, "tokens": args.tokens,
+                    "tokens_per_s": {label: [x["rate"] for x in rs] for label, rs in runs.items()},
+                    "median": median, "best_fixed": best,
+                    "auto_over_best_median": round(median["auto"] / median[best], 3),
+                    "auto_over_best_max": round(max(x["rate"] for x in runs["auto"])
+                                                / max(x["rate"] for x in runs[best]), 3),
+                    "auto_k": [x["plans_by_k"] for x in runs["auto"]],
+                    "per_step": {label: [{key: x[key] for key in ("steps", "step_ms", "verify_ms",
+                                                                  "mean_accepted_length")} for x in rs]
+                                 for label, rs in runs.items()},
+                    "captured_ms_in_timed_runs": sum(x["captured_ms"] for rs in runs.values() for x in rs),
+                    "learnt": {"acceptance_by_position": status.get("acceptance_by_position"),
+                               "cycle_ms_by_batch_and_k": status.get("draft_ms_by_batch_and_k")},
+                    "outputs_identical": len({json.dumps(x["out"]) for rs in runs.values() for x in rs}) == 1,
+                }), flush=True)
     finally:
         stack.stop(grace=20)
 
 
 def main(argv: list[str]) -> int:
-    levels, ms, fixed = ([float(x) for x in argv[0].split(",")], [int(x) for x in argv[1].split(",")],
-                         [int(x) for x in argv[2].split(",")])
-    prompts = random_prompts(max(ms), seed=13)
-    for acceptance in levels:
-        run_level(acceptance, ms, fixed, prompts)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("acceptances")
+    parser.add_argument("ms")
+    parser.add_argument("ks")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--capture-k", type=int, default=None)
+    parser.add_argument("--workloads", default="uniform,draining", help="any of uniform, draining, queued")
+    args = parser.parse_args(argv)
+    ms, fixed = [int(x) for x in args.ms.split(",")], [int(x) for x in args.ks.split(",")]
+    prompts = random_prompts(4 * max(ms), seed=13)
+    for acceptance in (float(x) for x in args.acceptances.split(",")):
+        run_level(acceptance, ms, fixed, args, prompts)
     return 0
 
 

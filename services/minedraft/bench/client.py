@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 import urllib.request
+from collections.abc import Sequence
 
 import grpc
 
@@ -45,14 +46,16 @@ async def one_stream(stub: generation_pb2_grpc.GenerationStub, prompt: list[int]
             for t in chunk.token_ids]
 
 
-async def generate_all(grpc_port: int, prompts: list[list[int]], max_tokens: int,
+async def generate_all(grpc_port: int, prompts: list[list[int]], max_tokens: int | Sequence[int],
                        host: str = "127.0.0.1", stream: bool = False) -> tuple[list[list[int]], float]:
-    """Every prompt at once (unary calls, or streams); returns the output ids and the wall time of the set."""
+    """Every prompt at once (unary calls, or streams); returns the output ids and the wall time of the set.
+    `max_tokens`: one length for all, or one per prompt (a batch that drains as its requests end)."""
     call = one_stream if stream else one_request
+    lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
     async with grpc.aio.insecure_channel(f"{host}:{grpc_port}") as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         start = time.perf_counter()
-        outputs = await asyncio.gather(*(call(stub, p, max_tokens) for p in prompts))
+        outputs = await asyncio.gather(*(call(stub, p, n) for p, n in zip(prompts, lengths, strict=True)))
         return list(outputs), time.perf_counter() - start
 
 

@@ -32,13 +32,20 @@ class PairSpecs:
     draft: str
 
 
-def colocated_stack(pair: PairSpecs, num_blocks: int, max_num_seqs: int, tp_size: int = 1) -> LocalStack:
+def capture_env(max_num_seqs: int, capture_k: int) -> dict[str, str]:
+    """Workers capture every steady shape up to these bounds at start-up (--capture-batch); 0: on first use."""
+    return {"MINEDRAFT_CAPTURE_BATCH": str(max_num_seqs), "MINEDRAFT_CAPTURE_K": str(capture_k)} if capture_k else {}
+
+
+def colocated_stack(pair: PairSpecs, num_blocks: int, max_num_seqs: int, tp_size: int = 1,
+                    capture_k: int = 0) -> LocalStack:
     """SD colocated on N = tp_size GPUs: the target over GPUs 0..N-1, the draft beside rank 0."""
     cfg = StackConfig(target=pair.target, draft=pair.draft, worker_module=SYNTHETIC_WORKERS, grpc_port=free_port(),
                       http_port=free_port(), tp_size=tp_size,
                       target_device=",".join(f"cuda:{r}" for r in range(tp_size)), mode="sd", k=4, threads=4,
                       max_num_seqs=max_num_seqs, num_blocks=num_blocks, dtype="bfloat16",
                       tokenizer=str(TINY_TARGET), log_dir=Path(tempfile.mkdtemp(prefix="minedraft_colocated_")),
+                      extra_env=capture_env(max_num_seqs, capture_k),
                       process_env={"verifier": {"MINEDRAFT_COLOCATED_DRAFT": pair.draft}})
     return LocalStack(cfg)
 
@@ -74,17 +81,20 @@ def log_tails(stack: LocalStack, lines: int = 20) -> dict[str, list[str]]:
     return {f.name: f.read_text(errors="ignore").splitlines()[-lines:] for f in folder.glob("*.log")}
 
 
-def measure(stack: LocalStack, mode: str, k: int, prompts: list[list[int]], max_tokens: int, reps: int,
-            pipeline_depth: int = 2, warm_ks: Sequence[int] = ()) -> tuple[dict, list[list[int]]]:
+def measure(stack: LocalStack, mode: str, k: int, prompts: list[list[int]], max_tokens: int | Sequence[int],
+            reps: int, pipeline_depth: int = 2, warm_ks: Sequence[int] = (),
+            max_num_seqs: int = 0) -> tuple[dict, list[list[int]]]:
     """One cell: policy, one full warm-up run, `reps` timed runs. Returns the row and the first run's outputs.
+    `max_num_seqs`: the batch's bound (0: every prompt at once; fewer: the rest queue for a place).
 
     `warm_ks`: first one untimed PSD run at each of these k, so that every draft and verify width the
     cell may use is captured as a CUDA graph before timing (auto picks its k per step)."""
     cfg = stack.cfg
+    seqs = max_num_seqs or len(prompts)
     for warm_k in warm_ks:
-        put_policy(stack.admin_port, mode="psd", k=warm_k, max_num_seqs=len(prompts), pipeline_depth=pipeline_depth)
+        put_policy(stack.admin_port, mode="psd", k=warm_k, max_num_seqs=seqs, pipeline_depth=pipeline_depth)
         asyncio.run(generate_all(cfg.grpc_port, prompts, max_tokens))
-    put_policy(stack.admin_port, mode=mode, k=k, max_num_seqs=len(prompts), pipeline_depth=pipeline_depth)
+    put_policy(stack.admin_port, mode=mode, k=k, max_num_seqs=seqs, pipeline_depth=pipeline_depth)
     asyncio.run(generate_all(cfg.grpc_port, prompts, max_tokens))  # warm-up at this cell's own shape
     before = fetch_status(cfg.http_port)
     rates: list[float] = []
