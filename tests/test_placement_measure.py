@@ -4,6 +4,9 @@ sweep that breaks there wastes it)."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 from minedraft.bench.gpu.placements import agreement, measure
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
 from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
@@ -22,9 +25,16 @@ def test_measure_warms_every_k_auto_may_pick_and_reports_per_batch(tmp_path) -> 
     try:
         sd, sd_out = measure(stack, "sd", 2, prompts, 12, reps=1)
         auto, auto_out = measure(stack, "auto", 3, prompts, 12, reps=1, warm_ks=range(1, 4))
+        # a length per request, two at a time: the others queue for a place in the batch
+        queued, queued_out = measure(stack, "sd", 2, prompts, [12, 5, 9, 3], reps=1, max_num_seqs=2)
+        with urllib.request.urlopen(f"http://127.0.0.1:{stack.admin_port}/admin/policy", timeout=5) as reply:
+            policy = json.loads(reply.read())
     finally:
         stack.stop()
     assert sd_out == expected and auto_out == expected
+    assert queued_out == [row[:n] for row, n in zip(expected, [12, 5, 9, 3], strict=True)]
+    assert policy["max_num_seqs"] == 2 and queued["concurrency"] == 4
+    assert sd["graph_capture_ms"] == auto["graph_capture_ms"] == 0.0  # a CPU captures no CUDA graphs
     assert agreement(auto_out, expected) == {"rows_equal_ar": 4, "rows_compared": 4, "agreement_with_ar": 1.0}
     for row in (sd, auto):
         assert row["tokens_per_s"] > 0 and row["steps"] > 0 and 0.0 <= row["acceptance"] <= 1.0

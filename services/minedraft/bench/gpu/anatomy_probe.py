@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     for text in args.variant or ["base"]:
         name, env, by_process = parse_variant(text)
         folder = (out / name).resolve()
-        stack = (colocated_stack if colocated else split_stack)(pair, args.num_blocks, 2 * widest, args.tp_size)
+        stack = (colocated_stack if colocated else split_stack)(pair, args.num_blocks, 2 * widest, args.tp_size,
+                                                                capture_k=max(k for k, _ in args.points))
         process_env = {proc: {**stack.cfg.process_env.get(proc, {}), **extra} for proc, extra in by_process.items()}
         if args.control_trace:
             env = {**env, CONTROL_TRACE_ENV: str(folder / "control_trace")}

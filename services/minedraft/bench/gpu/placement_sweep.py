@@ -84,6 +84,8 @@ class Sweep:
         self.results["rows"].append(row)
         self.save()
         exact = f", {row['rows_equal_ar']}/{row['rows_compared']} rows = AR" if reference is not None else ""
+        if row["graph_capture_ms"]:
+            exact += f", {row['graph_capture_ms']:.0f} ms capturing CUDA graphs inside the timed runs"
         log(f"{tags} {config} k={k} conc={len(prompts)}: {row['tokens_per_s']:.0f} tok/s "
             f"[{row['tokens_per_s_min']:.0f}-{row['tokens_per_s_max']:.0f}], step {row['step_ms']:.2f} ms (draft "
             f"{row['draft_ms']:.2f}, verify {row['verify_ms']:.2f}), acceptance {row['acceptance']:.3f}{exact}")
@@ -97,8 +99,9 @@ class Sweep:
         ks, ms = (a.ks, a.ms) if full else (a.small_ks, a.small_ms)
         prompts = random_prompts(2 * max(ms + a.auto_ms), seed=13)
         seqs = 2 * max(ms + a.auto_ms)
-        colocated = colocated_stack(pair, a.num_blocks, seqs, a.tp_size)
-        split = None if a.colocated_only else split_stack(pair, a.num_blocks, seqs, a.tp_size)
+        widest = max([*ks, *a.auto_fixed_ks, a.auto_k_max])  # every shape any cell uses, captured at start-up
+        colocated = colocated_stack(pair, a.num_blocks, seqs, a.tp_size, capture_k=widest)
+        split = None if a.colocated_only else split_stack(pair, a.num_blocks, seqs, a.tp_size, capture_k=widest)
         n = a.tp_size
         tags = {"goal": goal, "agree": agree, "tp_size": a.tp_size}
         try:

@@ -50,12 +50,14 @@ def colocated_stack(pair: PairSpecs, num_blocks: int, max_num_seqs: int, tp_size
     return LocalStack(cfg)
 
 
-def split_stack(pair: PairSpecs, num_blocks: int, max_num_seqs: int, tp_size: int = 1) -> LocalStack:
+def split_stack(pair: PairSpecs, num_blocks: int, max_num_seqs: int, tp_size: int = 1,
+                capture_k: int = 0) -> LocalStack:
     cfg = StackConfig(target=pair.target, draft=pair.draft, worker_module=SYNTHETIC_WORKERS, grpc_port=free_port(),
                       http_port=free_port(), tp_size=tp_size,
                       target_device=",".join(f"cuda:{r}" for r in range(tp_size)), draft_device=f"cuda:{tp_size}",
                       mode="psd", k=4, threads=4, max_num_seqs=max_num_seqs, num_blocks=num_blocks,
-                      dtype="bfloat16", data_plane_backend="nccl", tokenizer=str(TINY_TARGET), extra_env=NCCL_ENV,
+                      dtype="bfloat16", data_plane_backend="nccl", tokenizer=str(TINY_TARGET),
+                      extra_env={**NCCL_ENV, **capture_env(max_num_seqs, capture_k)},
                       log_dir=Path(tempfile.mkdtemp(prefix="minedraft_split_")))
     return LocalStack(cfg)
 
@@ -131,6 +133,9 @@ def measure(stack: LocalStack, mode: str, k: int, prompts: list[list[int]], max_
         "verify_plan_queued_ms": per_step.get("verify_plan_queued_ms", 0.0),
         "data_plane_ms": per_step.get("verify_send_ms", 0.0) + per_step.get("draft_send_ms", 0.0),
         "overlap_efficiency": busiest / wall if wall else 0.0,
+        # CUDA graphs captured inside the timed runs (both workers): should be 0 (--capture-batch, warm-ups)
+        "graph_capture_ms": (per_step.get("verify_graph_capture_ms", 0.0)
+                             + per_step.get("draft_graph_capture_ms", 0.0)) * per_step["steps"],
     }
     return row, first
 
