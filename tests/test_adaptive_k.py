@@ -82,12 +82,30 @@ def test_costs_of_unmeasured_k_follow_the_measured_ones() -> None:
 
 def test_plan_k_is_the_policy_k_outside_auto_and_bounded_inside() -> None:
     plan = PlanK()
-    assert plan.for_plan(0, "psd", 4, True) == 4 and plan.adaptive is None
+    assert plan.for_plan(0, "psd", 4, True) == 4
     assert plan.judged(1) == 4 and plan.for_plan(1, "ar", 4, False) == 4 and plan.judged(2) == 0
     assert plan.for_plan(2, "auto", 6, True) == 6  # nothing measured yet
     assert plan.adaptive is not None and plan.adaptive.k_max == 6
     with pytest.raises(ValueError):
         AdaptiveK(k_max=3, k_min=4)
+
+
+def test_fixed_k_modes_teach_the_estimate_so_auto_starts_from_what_was_measured() -> None:
+    """A deployment in psd at k = 4 with a draft that costs 4 ms per token, a flat 6 ms verify and acceptance
+    0.3: the first auto plan after a policy change already drafts less (k = 1 is best), instead of k_max."""
+    plan = PlanK()
+    assert plan.for_plan(0, "ar", 4, False) == 4 and plan.snapshot() is None  # nothing drafted: nothing learnt
+    rng = random.Random(5)
+    for step in range(1, 60):
+        assert plan.for_plan(step, "psd", 4, True, draft_batch=[1, 2, 3, 4], verify_batch=[5, 6, 7, 8]) == 4
+        plan.on_draft(step, 16.0, 4)
+        plan.on_verify(step, 4, accepted_counts(0.3, 4, 4, rng), 6.0)
+    learnt = plan.snapshot()
+    assert learnt is not None and learnt["plans_by_k"] == {}  # auto chose nothing yet
+    assert learnt["draft_ms_by_batch_and_k"] == {4: {4: 16.0}} and learnt["verify_ms_by_batch_and_k"] == {4: {4: 6.0}}
+    assert all(abs(p - 0.3) < 0.12 for p in learnt["acceptance_by_position"][:2])
+    assert plan.for_plan(60, "psd", 6, True, draft_batch=[1, 2, 3, 4]) == 6 and plan.adaptive.k_max == 6
+    assert plan.for_plan(61, "auto", 6, True, draft_batch=[1, 2, 3, 4], verify_batch=[5, 6, 7, 8]) == 1
 
 
 def test_costs_are_kept_per_batch_size_and_a_new_size_borrows_the_nearest() -> None:

@@ -200,10 +200,15 @@ class PlanK:
         self.cold[step] = (cold_verify, cold_draft)
         self.cold.pop(step - 16, None)
         chosen = k
+        # Every drafting mode teaches the estimate (acceptance by position, the cost of the k in use), so a
+        # policy change to auto starts from what the deployment has already measured.
+        if self.adaptive is None and (with_drafts or mode == "auto"):
+            self.adaptive = AdaptiveK(k_max=k, k_min=min(k_min, k))
+        elif self.adaptive is not None and with_drafts and k > self.adaptive.k_max:
+            self.adaptive.resize(k, self.adaptive.k_min)  # a fixed k beyond auto's last bounds: its positions too
         if mode == "auto":
-            if self.adaptive is None:
-                self.adaptive = AdaptiveK(k_max=k, k_min=min(k_min, k))
-            elif (self.adaptive.k_max, self.adaptive.k_min) != (k, min(k_min, k)):
+            assert self.adaptive is not None
+            if (self.adaptive.k_max, self.adaptive.k_min) != (k, min(k_min, k)):
                 self.adaptive.resize(k, k_min)
             chosen = self.adaptive.choose(overlapped=True, batch=len(draft_batch))
             if with_drafts:
@@ -213,7 +218,8 @@ class PlanK:
         return chosen
 
     def snapshot(self) -> dict[str, object] | None:
-        """What auto has learnt and chosen (None before auto ran): for /health and for tuning k_min..k."""
+        """What adaptive k has learnt (in any drafting mode) and, in auto, chosen (None before anything was
+        drafted): for /health and for tuning k_min..k."""
         a = self.adaptive
         if a is None:
             return None
