@@ -4,7 +4,10 @@ adaptive k keeps such a step out of the costs it learns (tens of ms that its sha
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+
+import pytest
 
 from minedraft.batch_manager.adaptive_k import PlanK
 from minedraft.batch_manager.config import ManagerConfig
@@ -15,6 +18,7 @@ from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.proto import control_pb2
 from minedraft.worker.server import serve_worker
+from minedraft.worker.settings import add_worker_flags
 
 CAPTURE_MS = 40.0
 
@@ -75,3 +79,16 @@ def test_adaptive_k_learns_acceptance_but_no_cost_from_a_step_that_captured() ->
     assert ({b: dict(t.by_k) for b, t in plan.adaptive.draft.buckets.items()},
             {b: dict(t.by_k) for b, t in plan.adaptive.verify.buckets.items()}) == costs
     assert sum(plan.adaptive.tried) > tried  # its verdicts still count
+
+
+def test_capture_flags_take_the_environment_and_refuse_a_negative_bound(monkeypatch, capsys) -> None:
+    parser = argparse.ArgumentParser()
+    add_worker_flags(parser, "verifier")
+    assert (parser.parse_args([]).capture_batch, parser.parse_args([]).capture_k) == (0, 8)  # on first use
+    monkeypatch.setenv("MINEDRAFT_CAPTURE_BATCH", "64")
+    parser = argparse.ArgumentParser()
+    add_worker_flags(parser, "draft")
+    assert parser.parse_args([]).capture_batch == 64
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--capture-k", "-1"])
+    assert "--capture-k: must be 0 or more, got -1" in capsys.readouterr().err

@@ -20,6 +20,7 @@ def cost_ms(timing: control_pb2.StepTiming) -> float | None:
     that its shape will not pay again)."""
     return None if timing.graph_capture_ms > 0 else busy_ms(timing)
 
+
 AUTO_MIN_SAMPLES = 32  # speculative verifies auto mode needs before judging
 
 

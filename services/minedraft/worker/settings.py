@@ -14,6 +14,13 @@ def env(name: str, default: str) -> str:
     return os.environ.get(f"MINEDRAFT_{name}", default)
 
 
+def nonnegative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
     model_default = str(TINY_TARGET if role == "verifier" else TINY_DRAFT)
     port_default = "50061" if role == "verifier" else "50062"
@@ -53,11 +60,11 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                              "(verifier/ and draft_service/launch_ahead.py); auto = on for a GPU (the verifier: a GPU "
                              "and no tensor parallelism) "
                              "[MINEDRAFT_LAUNCH_AHEAD]")
-    parser.add_argument("--capture-batch", type=int, default=int(env("CAPTURE_BATCH", "0")),
+    parser.add_argument("--capture-batch", type=nonnegative, default=env("CAPTURE_BATCH", "0"),
                         help="on a GPU, capture at start-up the CUDA graph of every steady step of up to this many "
                              "sequences (the policy's max_num_seqs) instead of on first use, where each new shape "
                              "stalls its step by tens of ms; 0 = on first use [MINEDRAFT_CAPTURE_BATCH]")
-    parser.add_argument("--capture-k", type=int, default=int(env("CAPTURE_K", "8")),
+    parser.add_argument("--capture-k", type=nonnegative, default=env("CAPTURE_K", "8"),
                         help="with --capture-batch: for up to this many drafts per sequence per step (the policy's "
                              "k; 0 = plain decoding only) [MINEDRAFT_CAPTURE_K]")
     if role == "verifier":
