@@ -11,7 +11,8 @@ OUT="${OUT:-$PWD/device_out}"; TP="${TP:-1}"; B=minedraft.bench.gpu
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || { echo "wheels"; exit 3; }
 export PYTHONPATH="/tmp/site:$PWD/services:$PWD"
-timeout 150 python3 -m pytest -rs -p no:cacheprovider -s tests/gpu/test_engine_on_cuda.py tests/gpu/test_draft_ahead_on_cuda.py > "$OUT/engine_check.txt" 2>&1
+timeout 240 python3 -m pytest -rs -p no:cacheprovider -s tests/gpu/test_engine_on_cuda.py tests/gpu/test_draft_ahead_on_cuda.py \
+  tests/gpu/test_capture_ahead_on_cuda.py > "$OUT/engine_check.txt" 2>&1
 RC=$?; echo "engine tests exit $RC"; tail -1 "$OUT/engine_check.txt"
 [ "$RC" = 0 ] || [ -n "${KEEP_GOING:-}" ] || exit 4  # an engine that is not exact is not worth timing
 GPUS=$(nvidia-smi -L | wc -l)

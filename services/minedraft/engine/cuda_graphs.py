@@ -8,16 +8,21 @@ buffer so the next replay cannot overwrite what a caller still holds.
 A capture costs tens of milliseconds on an 8B model, so a step that meets a new shape is that much
 slower: `capture_ms` counts it (workers report it per step, and adaptive k must not take such a step
 for the cost of its k), and `capture_ahead` takes every steady-state shape up front, as a server
-should before its first request.
+should before its first request. After it the set is closed: any other shape (a prefill of a short
+prompt, a batch beyond the captured buckets) runs eagerly, which costs that step a millisecond or two
+of launches instead of a capture that may never be replayed.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
+
+log = logging.getLogger(__name__)
 
 # What a graph captures: (ids, starts, query_lens, tables, last_n) -> logits, device tensors only.
 StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -53,12 +58,15 @@ class GraphCache:
         self.steps: dict[tuple[int, int, int], CapturedStep] = {}
         self.pool: tuple | None = None
         self.capture_ms = 0.0  # host time spent capturing, in total
+        self.closed = False  # capture_ahead ran: only its shapes replay, nothing is captured while serving
+        self.eager: set[tuple[int, int, int]] = set()  # shapes outside the closed set met so far
 
     def capture_ahead(self, keys: Iterable[tuple[int, int, int]]) -> int:
-        """Capture these (bucket, width, last_n) now; returns how many were new."""
+        """Capture these (bucket, width, last_n) now and close the set; returns how many were new."""
         new = [key for key in dict.fromkeys(keys) if key not in self.steps]
         for key in new:
             self._capture(key)
+        self.closed = True
         return len(new)
 
     @staticmethod
@@ -66,12 +74,16 @@ class GraphCache:
         return next((b for b in BATCH_BUCKETS if b >= batch), None)
 
     def can_replay(self, batch: int, width: int, last_n: int, table_width: int) -> bool:
-        return (
-            self.bucket(batch) is not None
-            and width <= MAX_GRAPH_WIDTH
-            and last_n <= width
-            and table_width <= self.max_blocks_per_seq
-        )
+        bucket = self.bucket(batch)
+        fits = (bucket is not None and width <= MAX_GRAPH_WIDTH and last_n <= width
+                and table_width <= self.max_blocks_per_seq)
+        if not fits or not self.closed or (bucket, width, last_n) in self.steps:
+            return fits
+        if (bucket, width, last_n) not in self.eager:  # once per shape: a prefill's, or a k or batch past the bounds
+            self.eager.add((bucket, width, last_n))
+            log.info("step of up to %d sequences x %d tokens (logits for %d) runs eagerly: not among the CUDA graphs "
+                     "captured at start-up (--capture-batch, --capture-k)", bucket, width, last_n)
+        return False
 
     def replay(
         self, ids: torch.Tensor, starts: list[int] | torch.Tensor, query_lens: list[int] | torch.Tensor,

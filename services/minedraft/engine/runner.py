@@ -63,8 +63,9 @@ class ModelRunner:
     def capture_ahead(self, max_batch: int, k: int, scoring: bool) -> int:
         """Capture now the graph of every steady-state step of up to `max_batch` sequences and k drafts: a
         verifier's windows of 1..k+1 tokens, logits at every position (`scoring`), or a drafter's feeds of
-        1..k+1 tokens, logits at the last. Tensor-parallel ranks must all call it alike (the graphs hold
-        all-reduces). Returns how many were new; 0 without graphs."""
+        1..k+1 tokens, logits at the last. Other shapes then run eagerly, never captured while serving.
+        Tensor-parallel ranks must all call it alike (the graphs hold all-reduces, and every rank must
+        take the same path for a step). Returns how many were new; 0 without graphs."""
         if self.graphs is None or max_batch <= 0:
             return 0
         top = GraphCache.bucket(max_batch) or BATCH_BUCKETS[-1]
