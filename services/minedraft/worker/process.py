@@ -62,14 +62,16 @@ def load_runner(args: argparse.Namespace, tp: TPContext | None = None, load: Mod
 
 
 def capture_ahead(runner: ModelRunner, args: argparse.Namespace, scoring: bool, name: str) -> None:
-    """--capture-batch: every steady step's CUDA graph now, before the first request (runner.capture_ahead)."""
-    if args.capture_batch <= 0:
+    """--capture-batch: every steady step's CUDA graph now, before the first request (runner.capture_ahead).
+    Each graph keeps its float32 logits, so the memory they take is logged with them."""
+    if args.capture_batch <= 0 or runner.device.type != "cuda":
         return
-    started = time.monotonic()
+    started, reserved = time.monotonic(), torch.cuda.memory_reserved(runner.device)
     captured = runner.capture_ahead(args.capture_batch, args.capture_k, scoring)
     if captured:
-        logging.info("%s: %d CUDA graphs captured (up to %d sequences, k <= %d) in %.1f s", name, captured,
-                     args.capture_batch, args.capture_k, time.monotonic() - started)
+        grown_gb = (torch.cuda.memory_reserved(runner.device) - reserved) / 2**30
+        logging.info("%s: %d CUDA graphs captured (up to %d sequences, k <= %d) in %.1f s, %.2f GiB more reserved",
+                     name, captured, args.capture_batch, args.capture_k, time.monotonic() - started, grown_gb)
 
 
 def worker_telemetry(args: argparse.Namespace, executor: StepExecutor) -> WorkerTelemetry | None:

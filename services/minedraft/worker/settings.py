@@ -63,7 +63,8 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--capture-batch", type=nonnegative, default=env("CAPTURE_BATCH", "0"),
                         help="on a GPU, capture at start-up the CUDA graph of every steady step of up to this many "
                              "sequences (the policy's max_num_seqs) instead of on first use, where each new shape "
-                             "stalls its step by tens of ms; 0 = on first use [MINEDRAFT_CAPTURE_BATCH]")
+                             "stalls its step by tens of ms; each graph keeps its float32 logits (a verifier at 64 "
+                             "sequences, k <= 8, 128k vocabulary: ~4.6 GB); 0 = on first use [MINEDRAFT_CAPTURE_BATCH]")
     parser.add_argument("--capture-k", type=nonnegative, default=env("CAPTURE_K", "8"),
                         help="with --capture-batch: for up to this many drafts per sequence per step (the policy's "
                              "k; 0 = plain decoding only) [MINEDRAFT_CAPTURE_K]")
