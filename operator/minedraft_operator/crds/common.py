@@ -89,12 +89,13 @@ def worker_tuning(role: str) -> dict[str, Schema]:
         "threads": integer(f"Torch CPU threads of the {role} (MINEDRAFT_THREADS); unset = torch's default.",
                            minimum=1, maximum=1024),
         "captureBatch": integer(f"On GPUs, the {role} captures the CUDA graph of every steady step of up to this many "
-                                "sequences at start-up (set it to the policy's maxNumSeqs) instead of on first use, "
-                                "where each new shape stalls its step; the graphs keep their logits in GPU memory "
+                                "sequences at start-up (twice the policy's batching.maxSequencesPerBatch) instead of "
+                                "on first use, where each new shape stalls its step; the graphs keep their logits in "
+                                "GPU memory "
                                 "(MINEDRAFT_CAPTURE_BATCH); unset = on first use.",
                                 minimum=1, maximum=256),
         "captureK": integer(f"With captureBatch: the most draft tokens per step the {role}'s graphs are captured for "
-                            "(the policy's k; MINEDRAFT_CAPTURE_K); unset = 8.", minimum=0, maximum=15),
+                            "(the policy's k.max; MINEDRAFT_CAPTURE_K); unset = 8.", minimum=0, maximum=15),
     }
 
 
