@@ -82,9 +82,10 @@ def summary(reports: list[ReplicaReport]) -> dict[str, Any]:
     """Deployment-wide mode, k, acceptance (weighted by drafted tokens) and transport."""
     healths = [r.health for r in reports if r.health]
     out: dict[str, Any] = {}
-    # The configured mode (psd shows "sd" in its /health while a batch is empty); ar once the draft is gone.
-    mode = _uniform([h.get("configured_mode", h.get("mode")) if h.get("draft_connected", True) else "ar"
-                     for h in healths], "mixed")
+    # The configured mode (psd shows "sd" in its /health while a batch is empty); once the draft is gone, what
+    # runs instead: ar, or sd where the verifier stands in for it (draft.standIn).
+    mode = _uniform([h.get("configured_mode", h.get("mode")) if h.get("draft_connected", True) else
+                     ("sd" if h.get("draft_state") == "lost_colocated" else "ar") for h in healths], "mixed")
     k = _uniform([h.get("k") for h in healths], None)
     drafted = sum(h.get("drafted_total", 0) for h in healths)
     transports = sorted({h.get("draft_link_transport") or "" for h in healths} - {""})
@@ -152,7 +153,9 @@ def conditions(desired: int, gpu_mode: str, pods: list[PodView], reports: list[R
     crashing = [p for p in pods if p.draft_crashlooping]
     fell_back = [name for name, h in healths if h.get("draft_connected") is False]
     if crashing:
-        out.append(condition("Degraded", "True", "DraftCrashLoop", "pinned to ar until the draft is healthy: " +
+        stood_in = reports and not any(r.pinned_ar for r in reports)
+        instead = "the verifier drafts itself (standIn)" if stood_in else "pinned to ar"
+        out.append(condition("Degraded", "True", "DraftCrashLoop", f"{instead} until the draft is healthy: " +
                              ", ".join(f"{p.name} ({p.draft_reason})" for p in crashing)))
     elif fell_back:
         out.append(condition("Degraded", "True", "DraftDisconnected", "decoding without speculation: " +

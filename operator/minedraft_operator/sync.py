@@ -48,14 +48,16 @@ async def apply_objects(api: KubeApi, mdd: dict[str, Any], operator: OperatorPod
 
 
 async def _replica(admin: AdminClient, pod: PodView, port: int, body: dict[str, Any], generation: int,
-                   keys: tuple[str, ...] | AdminKeyError) -> ReplicaReport:
-    """Bring one batch manager to the desired policy (ar while its draft crash-loops) and read its health."""
-    report = ReplicaReport(pod, policy_generation=generation, pinned_ar=pod.draft_crashlooping)
+                   keys: tuple[str, ...] | AdminKeyError, stand_in: bool = False) -> ReplicaReport:
+    """Bring one batch manager to the desired policy (ar while its draft crash-loops, unless the verifier
+    stands in for it: draft.standIn) and read its health."""
+    pin = pod.draft_crashlooping and not stand_in
+    report = ReplicaReport(pod, policy_generation=generation, pinned_ar=pin)
     if isinstance(keys, AdminKeyError):
         report.error = f"admin key: {keys}"
         return report
     base = f"http://{pod.ip}:{port}"
-    want = pinned_to_ar(body) if pod.draft_crashlooping else body
+    want = pinned_to_ar(body) if pin else body
     try:
         effective = await admin.get_policy(base, keys)
         # Send only what this batch manager knows (an older image lacks newer fields); report the rest.
@@ -99,7 +101,8 @@ async def sync_deployment(api: KubeApi, admin: AdminClient, mdd: dict[str, Any])
     body = policy_body(policy["spec"] if policy else None)
     serving = [p for p in pods if p.serving]
     keys = await _admin_keys_or_error(api, spec) if serving else AdminKeyError("no serving replica")
-    reports = list(await asyncio.gather(*(_replica(admin, p, spec.ports["admin"], body, generation, keys)
+    stand_in = bool(spec.raw["draft"].get("standIn", False))
+    reports = list(await asyncio.gather(*(_replica(admin, p, spec.ports["admin"], body, generation, keys, stand_in)
                                           for p in serving)))
     old = mdd.get("status", {}).get("conditions", [])
     gen = mdd["metadata"].get("generation", 1)

@@ -76,3 +76,44 @@ def test_transition_time_moves_only_when_status_changes() -> None:
     flipped = merge_conditions(same, [{"type": "Ready", "status": "True", "reason": "C", "message": ""}], "t3", 2)
     assert [c["lastTransitionTime"] for c in (*first, *same, *flipped)] == ["t1", "t1", "t3"]
     assert same[0]["observedGeneration"] == 2
+
+
+class RecordingAdmin:
+    """The admin API of one batch manager: what it runs and what it was sent."""
+
+    def __init__(self, running: dict) -> None:
+        self.running = dict(running)
+        self.sent: list[dict] = []
+
+    async def get_policy(self, base: str, keys: tuple[str, ...]) -> dict:
+        return dict(self.running)
+
+    async def put_policy(self, base: str, body: dict, keys: tuple[str, ...]) -> dict:
+        self.sent.append(body)
+        self.running.update(body)
+        return dict(self.running)
+
+    async def health(self, base: str, keys: tuple[str, ...]) -> dict:
+        return {"configured_mode": self.running["mode"], "mode": "sd", "draft_connected": False,
+                "draft_state": "lost_colocated", "k": self.running["k"]}
+
+
+def test_a_crash_looping_draft_pins_ar_unless_the_verifier_stands_in(policy) -> None:
+    import asyncio
+
+    from minedraft_operator.sync import _replica
+
+    waiting = {"waiting": {"reason": "CrashLoopBackOff"}}
+    crashed = PodView.of(_pod({"ready": False, "restartCount": 2, "state": waiting}))
+    body = policy_body(policy["spec"])
+    pinned, stood_in = RecordingAdmin(body), RecordingAdmin(body)
+    pin_report = asyncio.run(_replica(pinned, crashed, 8081, body, 1, ("key",)))
+    stand_report = asyncio.run(_replica(stood_in, crashed, 8081, body, 1, ("key",), stand_in=True))
+    assert pinned.sent == [pinned_to_ar(body)] and pin_report.pinned_ar
+    assert stood_in.sent == [] and not stand_report.pinned_ar and stand_report.applied  # the policy as it is
+    degraded = {c["type"]: c for c in conditions(1, "dra", [crashed], [stand_report], None)}["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "DraftCrashLoop")
+    assert degraded["message"].startswith("the verifier drafts itself")
+    assert summary([stand_report])["mode"] == "sd"  # what runs while the draft service is gone
+    pinned_msg = {c["type"]: c for c in conditions(1, "dra", [crashed], [pin_report], None)}["Degraded"]["message"]
+    assert pinned_msg.startswith("pinned to ar")

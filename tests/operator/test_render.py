@@ -77,6 +77,21 @@ def test_tensor_parallel_ranks_rendezvous_on_localhost(tp: int, gpu_mdd) -> None
     assert env(cs["draft"])["MINEDRAFT_CAPTURE_BATCH"] == "64"
 
 
+def test_a_stand_in_draft_loads_on_verifier_rank_0_only(gpu_mdd) -> None:
+    cs = containers(rendered(gpu_mdd))
+    assert "MINEDRAFT_COLOCATED_DRAFT" not in env(cs["verifier"])  # off by default
+    assert "MINEDRAFT_DRAFT_STAND_IN" not in env(cs["batch-manager"])
+    gpu_mdd["spec"]["draft"]["standIn"] = True
+    cs = containers(rendered(gpu_mdd))
+    draft_folder = env(cs["draft"])["MINEDRAFT_MODEL"]
+    assert env(cs["verifier"])["MINEDRAFT_COLOCATED_DRAFT"] == draft_folder == "/models/draft/Llama-3.2-1B-Instruct"
+    assert env(cs["batch-manager"])["MINEDRAFT_DRAFT_STAND_IN"] == "1"
+    mounted = {m["mountPath"] for m in cs["verifier"]["volumeMounts"]}
+    assert {m["mountPath"] for m in cs["draft"]["volumeMounts"] if m.get("readOnly")} <= mounted  # its model too
+    assert "MINEDRAFT_COLOCATED_DRAFT" not in env(cs["verifier-tp1"])  # the draft sits beside rank 0 only
+    assert {m["mountPath"] for m in cs["verifier-tp1"]["volumeMounts"]} < mounted
+
+
 def test_cpu_profile_requests_no_gpus(cpu_mdd) -> None:
     objs = rendered(cpu_mdd)
     assert set(objs) == {"NetworkPolicy", "Deployment", "Service", "PodDisruptionBudget"}  # no claim template

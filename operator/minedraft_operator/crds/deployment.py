@@ -53,7 +53,10 @@ def _draft() -> Schema:
     return obj(
         "The draft model, served by one draft process on its own GPU.",
         {"model": model_source("draft"), "dtype": dtype("draft"), **worker_tuning("draft"),
-         "resources": resources("the draft container")},
+         "resources": resources("the draft container"),
+         "standIn": boolean("The verifier (rank 0) also loads the draft model on its GPU and drafts itself (fused "
+                            "SD) while the draft service is lost, instead of decoding without drafts; it needs GPU "
+                            "memory for the draft's weights and KV cache beside the target's.", default=False)},
         required=["model"],
     )
 

@@ -100,9 +100,12 @@ def verifier_containers(spec: DeploymentSpec) -> list[dict[str, Any]]:
         env.update({"MINEDRAFT_TP_SIZE": str(tp), "MINEDRAFT_TP_RANK": str(rank),
                     "MINEDRAFT_TP_ADDR": f"{LOCALHOST}:{ports['tensorParallel']}",
                     "MINEDRAFT_DATA_PORT": str(ports["dataPlane"])})
+        stand_in = rank == 0 and spec.raw["draft"].get("standIn", False)  # drafts while the draft service is lost
+        if stand_in:
+            env["MINEDRAFT_COLOCATED_DRAFT"] = spec.draft.model.folder(spec.images["bundledModelsDir"])
         c["env"] = env_list(env)
         c["resources"] = _resources(spec.target.resources, slot)
-        c["volumeMounts"] = _mounts(spec, [spec.target], shm=True)
+        c["volumeMounts"] = _mounts(spec, [spec.target, spec.draft] if stand_in else [spec.target], shm=True)
         if rank == 0:  # only rank 0 serves the control plane; the others follow it over the TP group
             health = health_port(spec, ports["verifier"])
             c["ports"] = [{"name": "verifier-ctl", "containerPort": ports["verifier"], "protocol": "TCP"},
@@ -144,6 +147,8 @@ def _manager_env(spec: DeploymentSpec) -> list[dict[str, Any]]:
     }
     if bm.get("servedModelName"):
         env["MINEDRAFT_SERVED_MODEL_NAME"] = bm["servedModelName"]
+    if spec.raw["draft"].get("standIn", False):
+        env["MINEDRAFT_DRAFT_STAND_IN"] = "1"
     otlp = spec.raw["observability"].get("otlpEndpoint")
     if otlp:
         env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_SERVICE_NAME": f"minedraft-{spec.name}"})

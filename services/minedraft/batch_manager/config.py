@@ -31,6 +31,9 @@ class ManagerConfig:
     data_plane_timeout_s: int = 20
     draft_retry_s: float = 1.0
     stream_interval: int = 1  # a streaming request's chunk waits for this many new tokens (its first and last do not)
+    # A verifier that loaded the draft model too (--colocated-draft) drafts while the draft service is lost
+    # (instead of plain decoding); without it such a verifier leaves a configured draft service out.
+    draft_stand_in: bool = False
 
     def policy(self) -> dict[str, object]:
         """The live-tunable part (what GET/PUT /admin/policy show)."""

@@ -22,7 +22,6 @@ from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.draft_state import DraftState
 from minedraft.batch_manager.link import WorkerLink
 from minedraft.batch_manager.live_policy import apply_policy
-from minedraft.batch_manager.policy import two_batches
 from minedraft.batch_manager.step_driver import StepDriver
 from minedraft.batch_manager.worker_link import GrpcWorkerLink
 from minedraft.core.errors import ModelLoadError
@@ -75,12 +74,16 @@ class Coordinator:
         d.eos_ids = self.tokenizer.stop_ids(vinfo.eos_token_ids)
         await d.verifier.open(d.on_verifier_event, d.on_verifier_lost)
         if vinfo.role == COLOCATED_VERIFIER_ROLE:
-            log.info("the verifier drafts on its own GPU (colocated draft): no draft service, no data plane")
-            if d.draft.link is not None:
-                await d.draft.link.close()  # a configured draft service is not used
-            d.draft.colocate()
             d.sched.fuse_sd = True  # its SD verifies and drafts in one plan (scheduler.py)
-            d.sched.use_two_batches(two_batches(d.config.mode, colocated=True))  # its auto too
+            if d.draft.link is None or not d.config.draft_stand_in:
+                log.info("the verifier drafts on its own GPU (colocated draft): no draft service, no data plane")
+                if d.draft.link is not None:
+                    await d.draft.link.close()  # a configured draft service is not used
+                d.draft.colocate()
+                d.sched.use_two_batches(d.draft.two_batches(d.config.mode))  # its auto: fused SD too
+            else:
+                log.info("the verifier also loaded the draft model: it drafts while the draft service is lost")
+                d.draft.stand_in = True
         if d.draft.link is not None:
             dinfo = await d.draft.link.info(timeout=connect_timeout)
             if dinfo.vocab_size != vinfo.vocab_size:
@@ -151,6 +154,8 @@ class Coordinator:
             return "unavailable", "the verifier is not connected (starting, or lost and reconnecting)"
         if d.config.mode != "ar" and d.draft.state.state in FAULT_STATES:
             return "degraded", f"{d.draft.reason}: decoding without drafts until the draft service is back"
+        if d.config.mode != "ar" and d.draft.state.state is DraftState.LOST_COLOCATED:
+            return "degraded", f"{d.draft.reason}: the verifier drafts itself until the draft service is back"
         return "ok", ""
 
     def status(self) -> dict[str, object]:

@@ -6,15 +6,17 @@
         │ failed             │ lost                             │ lost
         ▼                    ▼                                  │
     LOST_AR ◄────────────────┴──────────────────────────────────┘
-      │  ▲
+      │  ▲                       (LOST_COLOCATED instead, where the verifier has its own draft)
       │  └──failed──┐
       ▼ answers     │
     RECOVERING ─────┴──formed──► DRAFTING
 
 Every state may go to STOPPING. In DRAFTING and PAUSED_AUTO the draft service receives
 every plan and every verdict (its copy of each sequence stays complete); plans carry
-drafts only in DRAFTING. In LOST_AR the verifier decodes alone. RECOVERING holds the loop
-drained while a new data-plane epoch forms. Any other move is a bug and raises.
+drafts only in DRAFTING. In LOST_AR the verifier decodes alone. A verifier that also loaded
+the draft model (--colocated-draft) stands in for a lost service: LOST_COLOCATED takes the
+place of LOST_AR, and its plans draft on the verifier (fused SD, one batch). RECOVERING holds
+the loop drained while a new data-plane epoch forms. Any other move is a bug and raises.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class DraftState(Enum):
     DRAFTING = "drafting"  # data plane up; plans carry drafts whenever the mode drafts
     PAUSED_AUTO = "paused_auto"  # data plane up; auto mode judged drafting not worth it until a probe step
     LOST_AR = "lost_ar"  # draft service or data plane gone; the verifier decodes alone, retrying the draft
+    LOST_COLOCATED = "lost_colocated"  # ... gone; the verifier drafts with its own draft model meanwhile
     RECOVERING = "recovering"  # the draft answers again; loop drained, a new epoch forming
     STOPPING = "stopping"
 
@@ -38,11 +41,12 @@ class DraftState(Enum):
 S = DraftState
 TRANSITIONS: dict[DraftState, frozenset[DraftState]] = {
     S.ABSENT: frozenset({S.STOPPING}),
-    S.CONNECTING: frozenset({S.DRAFTING, S.LOST_AR, S.STOPPING}),
-    S.DRAFTING: frozenset({S.PAUSED_AUTO, S.LOST_AR, S.STOPPING}),
-    S.PAUSED_AUTO: frozenset({S.DRAFTING, S.LOST_AR, S.STOPPING}),
+    S.CONNECTING: frozenset({S.DRAFTING, S.LOST_AR, S.LOST_COLOCATED, S.STOPPING}),
+    S.DRAFTING: frozenset({S.PAUSED_AUTO, S.LOST_AR, S.LOST_COLOCATED, S.STOPPING}),
+    S.PAUSED_AUTO: frozenset({S.DRAFTING, S.LOST_AR, S.LOST_COLOCATED, S.STOPPING}),
     S.LOST_AR: frozenset({S.RECOVERING, S.STOPPING}),
-    S.RECOVERING: frozenset({S.DRAFTING, S.LOST_AR, S.STOPPING}),
+    S.LOST_COLOCATED: frozenset({S.RECOVERING, S.STOPPING}),
+    S.RECOVERING: frozenset({S.DRAFTING, S.LOST_AR, S.LOST_COLOCATED, S.STOPPING}),
     S.STOPPING: frozenset(),
 }
 
@@ -70,6 +74,15 @@ class DraftLinkState:
     def connected(self) -> bool:
         """The draft service is in the loop: it gets plans and verdicts (it may not be drafting)."""
         return self.state in (S.DRAFTING, S.PAUSED_AUTO)
+
+    @property
+    def drafting(self) -> bool:
+        """Plans carry drafts (from the draft service, or from the verifier's own draft while it is lost)."""
+        return self.state in (S.DRAFTING, S.LOST_COLOCATED)
+
+    @property
+    def lost(self) -> bool:
+        return self.state in (S.LOST_AR, S.LOST_COLOCATED)
 
     def pause(self, until_step: int) -> None:
         """auto mode: plain verifier steps until `until_step`, then a probe."""

@@ -18,6 +18,8 @@ from typing import Protocol
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.draft_state import DraftLinkState, DraftState
 from minedraft.batch_manager.link import WorkerLink
+from minedraft.batch_manager.policy import two_batches
+from minedraft.batch_manager.step_stats import Counters
 from minedraft.proto import control_pb2
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,7 @@ class DraftSupervisor:
         self._replies: dict[str, asyncio.Future[control_pb2.WorkerEvent]] = {}
         self._recovery: asyncio.Task | None = None
         self.colocated = False  # the verifier drafts on its own GPU (no draft link, no data plane)
+        self.stand_in = False  # the verifier has its own draft too: it drafts while the draft service is lost
 
     # ----- moves ------------------------------------------------------------------------
 
@@ -88,6 +91,20 @@ class DraftSupervisor:
         self.state = DraftLinkState(has_draft=True)
         self.state.to(S.DRAFTING)
         self.transport = "colocated"
+
+    @property
+    def drafts_here(self) -> bool:
+        """Plans draft on the verifier (its --colocated-draft): for good, or while the draft service is lost."""
+        return self.colocated or self.state.state is S.LOST_COLOCATED
+
+    def two_batches(self, mode: str) -> bool:
+        """Whether `mode` runs PSD's two batches now: a colocated verifier's auto, and every drafting mode of a
+        stand-in verifier, run fused SD on one batch instead (one GPU cannot overlap two)."""
+        return self.state.state is not S.LOST_COLOCATED and two_batches(mode, colocated=self.colocated)
+
+    @property
+    def lost_state(self) -> DraftState:
+        return S.LOST_COLOCATED if self.stand_in else S.LOST_AR
 
     @property
     def sends_plans(self) -> bool:
@@ -102,7 +119,7 @@ class DraftSupervisor:
             self.state.to(S.DRAFTING)
         else:
             self.reason = "the draft service did not join the data plane at start-up"
-            self.state.to(S.LOST_AR)
+            self.state.to(self.lost_state)
             self._recovery = asyncio.create_task(self._recover())
 
     def lost(self, why: str = "draft service lost") -> None:
@@ -115,16 +132,29 @@ class DraftSupervisor:
         if not self.state.connected:
             return
         assert self.link is not None
-        log.warning("%s: continuing autoregressively on the verifier", why)
+        log.warning("%s: continuing %s", why, "with the verifier's own draft model" if self.stand_in
+                    else "autoregressively on the verifier")
         self.reason = why
         if self.loop.serving:  # the verifier may wait on a receive from it: NCCL would wait out its timeout
             abort = control_pb2.DataPlaneAbort(epoch=self.epoch, reason=why)
             self.verifier.send(control_pb2.ControlMessage(abort=abort))
-        self.state.to(S.LOST_AR)
+        self.state.to(self.lost_state)
         self.transport = ""
         self.loop.draft_left()
         asyncio.get_running_loop().create_task(self.link.close_stream())
         self._recovery = asyncio.get_running_loop().create_task(self._recover())
+
+    def judge_auto(self, step: int, counters: Counters) -> bool:
+        """auto mode: pause a drafting draft service while recent speculative steps show it does not pay
+        (until a probe step `auto_probe_steps` later); True when it paused. A stand-in verifier keeps drafting."""
+        cfg = self.config()
+        if cfg.mode != "auto" or self.state.state is not S.DRAFTING:
+            return False
+        if not counters.drafting_does_not_pay(cfg.auto_min_tokens_per_step):
+            return False
+        self.state.pause(until_step=step + cfg.auto_probe_steps)
+        counters.reset_recent()
+        return True
 
     def verifier_lost(self) -> None:
         """The verifier died: the data plane died with it; a new epoch forms once it is back."""
@@ -132,9 +162,9 @@ class DraftSupervisor:
         self.lost("the verifier was lost, and the data plane with it")
 
     async def _recover(self) -> None:
-        """LOST_AR until the draft service (and the verifier) answer, then RECOVERING with the loop drained."""
+        """Lost until the draft service (and the verifier) answer, then RECOVERING with the loop drained."""
         assert self.link is not None
-        while self.state.state is S.LOST_AR:
+        while self.state.lost:
             await asyncio.sleep(self.config().draft_retry_s)
             if not self.loop.serving:
                 continue
@@ -143,7 +173,7 @@ class DraftSupervisor:
             except Exception:
                 continue
             async with self.loop.draining():
-                if self.state.state is not S.LOST_AR:  # stopping
+                if not self.state.lost:  # stopping
                     return
                 self.state.to(S.RECOVERING)
                 try:
@@ -159,7 +189,7 @@ class DraftSupervisor:
                     self.loop.draft_back()
                     log.info("draft service is back: data plane epoch %d over %s", self.epoch, self.transport)
                 else:
-                    self.state.to(S.LOST_AR)
+                    self.state.to(self.lost_state)
 
     async def stop(self) -> None:
         if self.state.state is not S.STOPPING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from minedraft.batch_manager.draft_state import DraftState
-from minedraft.batch_manager.policy import check_policy, two_batches
+from minedraft.batch_manager.policy import check_policy
 from minedraft.batch_manager.step_driver import StepDriver
 from minedraft.core.errors import InvalidRequestError
 
@@ -20,7 +20,7 @@ async def apply_policy(driver: StepDriver, changes: dict[str, object]) -> dict[s
         raise InvalidRequestError("this deployment has no draft service; only mode 'ar' is possible", param="mode")
     async with driver.draining():
         driver.config = new
-        driver.sched.use_two_batches(two_batches(new.mode, driver.draft.colocated))
+        driver.sched.use_two_batches(driver.draft.two_batches(new.mode))
         driver.sched.rebalance_threshold = new.rebalance_threshold
         driver.sched.restart_drafting()
         if driver.draft.state.state is DraftState.PAUSED_AUTO:

@@ -4,13 +4,13 @@ Plans run `pipeline_depth` steps ahead of the verifier so neither worker waits f
 payloads never pass through here except the verified tokens streamed back to the clients. Every plan goes to the
 verifier, and to the draft service whenever it is in the loop. Modes: psd (batch A drafts while batch B is
 verified, then they swap; one batch empty degenerates to standard SD); sd (one batch, a draft step then a verify
-step); ar, or the draft service lost or paused by auto (every sequence verified every step, without drafts);
-auto (psd drafting the k in 1..k that `adaptive_k` expects to pay best, pausing drafting while the recent mean
-accepted length is under `auto_min_tokens_per_step`, probing again after `auto_probe_steps` steps).
-No token is decided here: the verifier's committed tokens are the truth, mirrored in step order. Policy changes and
-draft recovery first drain the loop (no plan in flight). Before each plan `admission` picks who starts and who is
-preempted (back under a new sequence id, so late verdicts cannot touch it). A lost verifier fails every request
-at once; `verifier_supervisor` reconnects when it answers again.
+step; fused into one plan where the verifier drafts itself); ar, or the draft service lost (without a stand-in
+on the verifier) or paused by auto (every sequence verified every step, without drafts); auto (psd drafting the
+k in 1..k that `adaptive_k` expects to pay best, pausing drafting while the recent mean accepted length is under
+`auto_min_tokens_per_step`, probing again after `auto_probe_steps` steps). No token is decided here: the
+verifier's committed tokens are the truth, mirrored in step order. Policy changes and draft recovery first drain
+the loop. Before each plan `admission` picks who starts and who is preempted (back under a new sequence id, so
+late verdicts cannot touch it). A lost verifier fails every request; `verifier_supervisor` reconnects.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from minedraft.batch_manager.adaptive_k import PlanK
 from minedraft.batch_manager.admission import Admission
 from minedraft.batch_manager.backend import GenerationChunk, UnavailableError
 from minedraft.batch_manager.config import ManagerConfig
-from minedraft.batch_manager.draft_state import DraftState
 from minedraft.batch_manager.draft_supervisor import DraftSupervisor
 from minedraft.batch_manager.link import WorkerLink
 from minedraft.batch_manager.policy import two_batches
@@ -86,7 +85,7 @@ class StepDriver:
             self._issue_plan()
 
     def drafting_now(self) -> bool:
-        return self.draft.state.state is DraftState.DRAFTING and self.config.mode != "ar"
+        return self.draft.state.drafting and self.config.mode != "ar"
 
     def _issue_plan(self) -> None:
         cfg = self.config
@@ -104,7 +103,8 @@ class StepDriver:
         k = self.k_plan.for_plan(self.step, cfg.mode, cfg.k, with_drafts, batches.draft, batches.verify, adds,
                                  self.draft_adds, self.pending_remove, cfg.k_min)
         fields = {"step": self.step, "remove": self.pending_remove, "draft_batch": batches.draft,
-                  "verify_batch": batches.verify, "k": k, "with_drafts": with_drafts, "send_verdict": to_draft}
+                  "verify_batch": batches.verify, "k": k, "with_drafts": with_drafts, "send_verdict": to_draft,
+                  "draft_here": self.draft.drafts_here}
         self.verifier.send(control_pb2.ControlMessage(plan=control_pb2.StepPlan(add=adds, **fields)))
         if to_draft:
             assert self.draft.link is not None
@@ -159,7 +159,8 @@ class StepDriver:
             self.draft.lost()
         if event.error:
             self.abort_everything(f"the verifier failed at step {event.step}: {event.error}")
-        self._judge_auto()
+        if self.draft.judge_auto(self.step, self.counters):  # auto paused drafting: it does not pay
+            self.sched.restart_drafting()
         self._wake.set()
 
     def _apply_verdicts(self, verdicts: control_pb2.Verdicts, drafted: int, step: int) -> None:
@@ -182,15 +183,6 @@ class StepDriver:
             self.streams.notify(req)
             if req.finished:
                 self._retire(req)
-
-    def _judge_auto(self) -> None:
-        """auto mode: pause drafting while recent speculative steps show it does not pay."""
-        cfg = self.config
-        if cfg.mode == "auto" and self.drafting_now() and self.counters.drafting_does_not_pay(
-                cfg.auto_min_tokens_per_step):
-            self.draft.state.pause(until_step=self.step + cfg.auto_probe_steps)
-            self.counters.reset_recent()
-            self.sched.restart_drafting()
 
     # ----- requests ---------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: SamplingParams, deadline: float | None = None,
@@ -262,11 +254,13 @@ class StepDriver:
     def draft_left(self) -> None:
         self.counters.fallbacks += 1
         self.observer.fell_back()
+        self.sched.use_two_batches(self.draft.two_batches(self.config.mode))  # a stand-in verifier: fused SD
         self.sched.restart_drafting()
         self._wake.set()
 
     def draft_back(self) -> None:
         self.draft_adds = [seq_spec(req) for req in self.requests.values()]
+        self.sched.use_two_batches(self.draft.two_batches(self.config.mode))
         self.sched.restart_drafting()
         self.counters.recoveries += 1
 

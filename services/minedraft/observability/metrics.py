@@ -191,7 +191,8 @@ class _StatusGauges(Collector):
         yield mode
         fallback = s.get("configured_mode") != "ar" and not s.get("draft_connected", False)
         yield gauge("minedraft:speculation_fallback_active",
-                    "1 while speculation is configured but the draft service is unavailable (plain decoding).",
+                    "1 while speculation is configured but the draft service is unavailable (plain decoding, or "
+                    "SD on the verifier's own draft model where it loaded one).",
                     1.0 if fallback else 0.0)
         sizes = s.get("batch_sizes") or [0, 0]
         batch = GaugeMetricFamily("minedraft:batch_size", "Sequences in each of the two batches.",

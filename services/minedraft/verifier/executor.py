@@ -103,9 +103,11 @@ class VerifierExecutor(PlaneOwner):
             return control_pb2.WorkerEvent(step=-1, data_plane_lost=True, error=str(exc), epoch=setup.epoch)
         return control_pb2.WorkerEvent(step=-1, setup_done=True, transport=self.plane.transport, epoch=setup.epoch)
 
-    def _receive_drafts(self, timing: control_pb2.StepTiming) -> DraftPayload | None:
-        if self.colocated is not None:
-            return self.colocated.take()
+    def _receive_drafts(self, timing: control_pb2.StepTiming, here: bool) -> DraftPayload | None:
+        """The drafts this plan verifies: the own draft model's (`here`), else the draft service's."""
+        own = self.colocated.take() if self.colocated is not None else None  # never kept past its plan
+        if here:
+            return own
         if not self.drafts_pending or self.plane is None:
             return None
         with timed(timing, "recv_wait_ms"):
@@ -123,13 +125,15 @@ class VerifierExecutor(PlaneOwner):
         event = control_pb2.WorkerEvent(step=plan.step)
         timing = event.timing
         payload = None
+        here = self.colocated is not None and plan.draft_here  # this plan drafts on the own draft model
         try:
-            payload = self._receive_drafts(timing)
+            payload = self._receive_drafts(timing, here)
         except DataPlaneError as exc:
             log.warning("draft service lost at step %d: %s", plan.step, exc)
             self._drop_plane()
             event.data_plane_lost = True
-        self.drafts_pending = plan.with_drafts and len(plan.draft_batch) > 0 and self.plane is not None
+        self.drafts_pending = (plan.with_drafts and len(plan.draft_batch) > 0 and self.plane is not None
+                               and not here)
         with timed(timing, "control_ms"):
             apply_membership(self.worker, plan)
             if self.colocated is not None:
@@ -157,7 +161,8 @@ class VerifierExecutor(PlaneOwner):
             empty = VerdictPayload(plan.step, ids, torch.zeros((0, plan.k + 1), dtype=torch.long),
                                    torch.zeros(0, dtype=torch.long))
             self._hand_on(plan, empty, timing, event)
-        if self.colocated is not None and plan.with_drafts and len(plan.draft_batch) > 0:
+        if here and plan.with_drafts and len(plan.draft_batch) > 0:
+            assert self.colocated is not None
             with timed(timing, "compute_ms"):
                 self.colocated.draft(plan)
         self.last_step = plan.step
