@@ -99,3 +99,8 @@ class DeploymentSpec:
     @property
     def images(self) -> dict[str, Any]:
         return dict(self.raw["images"])
+
+    @property
+    def draft_stand_in(self) -> bool:
+        """draft.standIn: verifier rank 0 loads the draft model too and drafts while the draft service is lost."""
+        return bool(self.raw["draft"].get("standIn", False))

@@ -101,8 +101,8 @@ async def sync_deployment(api: KubeApi, admin: AdminClient, mdd: dict[str, Any])
     body = policy_body(policy["spec"] if policy else None)
     serving = [p for p in pods if p.serving]
     keys = await _admin_keys_or_error(api, spec) if serving else AdminKeyError("no serving replica")
-    stand_in = bool(spec.raw["draft"].get("standIn", False))
-    reports = list(await asyncio.gather(*(_replica(admin, p, spec.ports["admin"], body, generation, keys, stand_in)
+    reports = list(await asyncio.gather(*(_replica(admin, p, spec.ports["admin"], body, generation, keys,
+                                                   spec.draft_stand_in)
                                           for p in serving)))
     old = mdd.get("status", {}).get("conditions", [])
     gen = mdd["metadata"].get("generation", 1)

@@ -91,8 +91,7 @@ def worker_tuning(role: str) -> dict[str, Schema]:
         "captureBatch": integer(f"On GPUs, the {role} captures the CUDA graph of every steady step of up to this many "
                                 "sequences at start-up (twice the policy's batching.maxSequencesPerBatch) instead of "
                                 "on first use, where each new shape stalls its step; the graphs keep their logits in "
-                                "GPU memory "
-                                "(MINEDRAFT_CAPTURE_BATCH); unset = on first use.",
+                                "GPU memory (MINEDRAFT_CAPTURE_BATCH); unset = on first use.",
                                 minimum=1, maximum=256),
         "captureK": integer(f"With captureBatch: the most draft tokens per step the {role}'s graphs are captured for "
                             "(the policy's k.max; MINEDRAFT_CAPTURE_K); unset = 8.", minimum=0, maximum=15),

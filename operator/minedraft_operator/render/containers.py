@@ -100,7 +100,7 @@ def verifier_containers(spec: DeploymentSpec) -> list[dict[str, Any]]:
         env.update({"MINEDRAFT_TP_SIZE": str(tp), "MINEDRAFT_TP_RANK": str(rank),
                     "MINEDRAFT_TP_ADDR": f"{LOCALHOST}:{ports['tensorParallel']}",
                     "MINEDRAFT_DATA_PORT": str(ports["dataPlane"])})
-        stand_in = rank == 0 and spec.raw["draft"].get("standIn", False)  # drafts while the draft service is lost
+        stand_in = rank == 0 and spec.draft_stand_in  # drafts while the draft service is lost
         if stand_in:
             env["MINEDRAFT_COLOCATED_DRAFT"] = spec.draft.model.folder(spec.images["bundledModelsDir"])
         c["env"] = env_list(env)
@@ -147,7 +147,7 @@ def _manager_env(spec: DeploymentSpec) -> list[dict[str, Any]]:
     }
     if bm.get("servedModelName"):
         env["MINEDRAFT_SERVED_MODEL_NAME"] = bm["servedModelName"]
-    if spec.raw["draft"].get("standIn", False):
+    if spec.draft_stand_in:
         env["MINEDRAFT_DRAFT_STAND_IN"] = "1"
     otlp = spec.raw["observability"].get("otlpEndpoint")
     if otlp:

@@ -78,8 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="verifier rank 0's control address [MINEDRAFT_VERIFIER_ADDRESS]")
     p.add_argument("--draft-address", default=env("DRAFT_ADDRESS", "127.0.0.1:50062"),
                    help="draft service control address; empty for none [MINEDRAFT_DRAFT_ADDRESS]")
-    p.add_argument("--draft-stand-in", action="store_true",
-                   default=env("DRAFT_STAND_IN", "").lower() in ("1", "true", "yes"),
+    p.add_argument("--draft-stand-in", action=argparse.BooleanOptionalAction,
+                   default=env("DRAFT_STAND_IN", "0") != "0",
                    help="the verifier also loaded the draft model (--colocated-draft): keep the draft service and "
                         "let the verifier draft (fused SD) while the service is lost, instead of plain decoding "
                         "[MINEDRAFT_DRAFT_STAND_IN]")
