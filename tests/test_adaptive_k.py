@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from minedraft.batch_manager.adaptive_k import AdaptiveK, PlanK, StepCosts
+from minedraft.batch_manager.adaptive_k import AdaptiveK, StepCosts
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.coordinator import Coordinator
+from minedraft.batch_manager.plan_k import PlanK
 from minedraft.core.errors import InvalidRequestError
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.proto import control_pb2

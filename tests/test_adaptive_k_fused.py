@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from minedraft.batch_manager.adaptive_k import PlanK
+from minedraft.batch_manager.plan_k import PlanK
 from minedraft.batch_manager.policy import two_batches
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
 from tests.test_adaptive_k import accepted_counts

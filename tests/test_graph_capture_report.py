@@ -9,9 +9,9 @@ import asyncio
 
 import pytest
 
-from minedraft.batch_manager.adaptive_k import PlanK
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.coordinator import Coordinator
+from minedraft.batch_manager.plan_k import PlanK
 from minedraft.bench.manager_load import WaitingVerifier
 from minedraft.bundled import TINY_TARGET
 from minedraft.core.sampling_params import SamplingParams

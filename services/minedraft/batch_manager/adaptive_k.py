@@ -1,30 +1,40 @@
-"""Adaptive k for `auto` mode: each plan drafts the k that maximises expected tokens per unit time.
+"""Adaptive k for `auto` mode: each plan drafts the k expected to pay best.
 
 Two measurements drive it, both from what the workers already report:
-- per-position acceptance: p[i] = P(draft i+1 is accepted | drafts 1..i were), counted from
-  every verdict (a sequence that accepted n of k drafts tried positions 1..min(n+1, k) and
-  passed the first n), with old evidence decaying so the estimate follows the traffic;
-- step costs: the draft service's and the verifier's compute time per step, kept per k.
-Expected tokens per sequence per verify with k drafts is 1 + sum_{i<=k} prod_{j<=i} p[j]; in
-PSD a step costs max(draft(k), verify(k)) (the two batches overlap), in SD their sum. Costs of
-a k not yet measured come from a line through the measured ones (draft time grows with k, the
-k sequential draft forwards; verify time barely moves), or, with one measured k only, from
+- acceptance by position: p[i] = P(draft i+1 is accepted | drafts 1..i were), counted from every
+  verdict (a sequence that accepted n of k drafts tried positions 1..min(n+1, k) and passed the
+  first n), with old evidence decaying so the estimate follows the traffic; and each running
+  sequence's own acceptance, since sequences differ (its p[i] is the pooled one scaled by its ratio);
+- step costs: the draft service's and the verifier's compute time per step, by k and batch size.
+Expected tokens per sequence per verify with k drafts is E(k) = 1 + sum_{i<=k} prod_{j<=i} p[j]; in
+PSD a step costs c(k, b) = max(draft(k), verify(k)) (the two batches overlap), in SD their sum.
+
+While requests wait, a finished sequence is replaced at once and the batch stays full: the best k
+has the most tokens per ms, sum_s E_s(k) / c(k, b). When nothing waits, the running sequences are
+the work left, and what counts is when the last of them ends: a sequence with r tokens to go needs
+about r / E_s(k) more steps, so with those step counts sorted, s_1 <= ... <= s_b, the batch takes
+
+    T(k) = sum_j (s_j - s_{j-1}) * c(k, b - j + 1)
+
+ms more, and the best k has the least T(k). The slowest sequences set T, and a long draft window
+serves them worst where a full batch makes each step dear; the steady rate misses both (an equal-
+length batch on one H200 ended with its slowest sequence 1.23x after its mean one at k = 5).
+Costs of a k not yet measured come from a line through the measured ones (draft time grows with k,
+the k sequential draft forwards; verify time barely moves), or, with one measured k only, from
 draft ~ k and verify flat. Pure bookkeeping: no I/O, no clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from minedraft.proto.control_pb2 import SeqSpec
 
 DECAY = 0.995  # per verified sequence: evidence ~200 sequences old counts e^-1 as much
 PRIOR_TRIES = 8.0  # pseudo-counts pulling a sparsely seen position towards the pooled acceptance
 PRIOR_P = 0.8  # optimistic start (2 pseudo-counts in the pool), so unseen positions get tried
 COST_EMA = 0.2
+SEQ_PRIOR_TRIES = 8.0  # pseudo-counts pulling a young sequence's acceptance towards the pooled one
+P_CAP = 0.999  # a sequence's scaled acceptance stays a probability
 
 
 @dataclass(slots=True)
@@ -93,6 +103,7 @@ class AdaptiveK:
     tried: list[float] = field(default_factory=list)  # decayed count of drafts judged at position i
     draft: BucketedCosts = field(default_factory=BucketedCosts)
     verify: BucketedCosts = field(default_factory=BucketedCosts)
+    by_seq: dict[int, list[float]] = field(default_factory=dict)  # running sequence -> [passed, tried]
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_min <= self.k_max:
@@ -108,10 +119,16 @@ class AdaptiveK:
             self.passed += [0.0] * grow
             self.tried += [0.0] * grow
 
-    def observe_verdicts(self, drafted: int, accepted: list[int]) -> None:
-        """One verify step: each sequence carried `drafted` drafts and accepted the given number."""
+    def observe_verdicts(self, drafted: int, accepted: Sequence[int], seq_ids: Sequence[int] = ()) -> None:
+        """One verify step: each sequence carried `drafted` drafts and accepted the given number
+        (`seq_ids`, when given, name them in the same order)."""
         if drafted <= 0:
             return
+        for seq_id, n in zip(seq_ids, accepted, strict=False):
+            own = self.by_seq.get(seq_id)  # a sequence retired since has no entry, and gets none
+            if own is not None:
+                own[0] += n
+                own[1] += min(n + 1, drafted)
         for n in accepted:
             for i in range(len(self.tried)):
                 self.passed[i] *= DECAY
@@ -120,18 +137,39 @@ class AdaptiveK:
                 self.tried[i] += 1.0
                 self.passed[i] += 1.0 if i < n else 0.0
 
+    def track(self, seq_ids: Sequence[int]) -> None:
+        for seq_id in seq_ids:
+            self.by_seq.setdefault(seq_id, [0.0, 0.0])
+
+    def forget(self, seq_ids: Sequence[int]) -> None:
+        for seq_id in seq_ids:
+            self.by_seq.pop(seq_id, None)
+
+    def pooled(self) -> float:
+        return (sum(self.passed) + 2 * PRIOR_P) / (sum(self.tried) + 2)
+
     def acceptance(self) -> list[float]:
         """p[i] for positions 1..k_max, each shrunk towards the acceptance pooled over all positions
         (deep positions are judged only when every earlier draft passed, so they see few tries)."""
-        pooled = (sum(self.passed) + 2 * PRIOR_P) / (sum(self.tried) + 2)
+        pooled = self.pooled()
         return [(p + pooled * PRIOR_TRIES) / (t + PRIOR_TRIES) for p, t in zip(self.passed, self.tried, strict=True)]
 
     def expected_tokens(self, k: int) -> float:
-        total, reach = 1.0, 1.0
-        for p in self.acceptance()[:k]:
-            reach *= p
+        return self.expected_by_k(self.acceptance(), 1.0)[k]
+
+    def seq_scale(self, seq_id: int, pooled: float) -> float:
+        """The sequence's acceptance over the pooled one (1 for a sequence not judged yet)."""
+        passed, tried = self.by_seq.get(seq_id, (0.0, 0.0))
+        return (passed + pooled * SEQ_PRIOR_TRIES) / (tried + SEQ_PRIOR_TRIES) / pooled
+
+    def expected_by_k(self, acceptance: list[float], scale: float) -> list[float]:
+        """E(0..k_max) for a sequence whose acceptance is `scale` times the pooled one."""
+        out, total, reach = [1.0], 1.0, 1.0
+        for p in acceptance:
+            reach *= min(p * scale, P_CAP)
             total += reach
-        return total
+            out.append(total)
+        return out
 
     def step_ms(self, k: int, overlapped: bool, batch: int = 0) -> float | None:
         d = self.draft.estimate(k, grows_with_k=True, batch=batch)
@@ -153,99 +191,24 @@ class AdaptiveK:
                 best_k, best_rate = k, rate
         return best_k
 
-
-def costs_view(costs: BucketedCosts) -> dict[int, dict[int, float]]:
-    return {b: {k: round(ms, 3) for k, ms in sorted(t.by_k.items())} for b, t in sorted(costs.buckets.items())}
-
-
-class PlanK:
-    """The step loop's hook: the k each plan drafts (the policy's k; in auto, the adaptive choice in
-    1..k) and, from the workers' events, what the adaptive estimate learns.
-
-    A step whose verify (or draft) batch holds a sequence on its first verify (draft) also computes
-    that sequence's prompt: its time says nothing about k, so it teaches acceptance but not costs.
-    Without this, the prefill at the start of every burst of requests inflates the EMA of the k in
-    use and auto wanders off the best k for the next ten or so steps. A step that captured a CUDA
-    graph (a shape met for the first time, tens of ms on a GPU) is left out of the costs alike.
-
-    Fused SD (a colocated verifier: one plan verifies the drafts of the plan before, then drafts k
-    more) reports one host time for both halves. The draft's GPU work is queued, not waited for, so
-    that time holds the previous plan's draft and this plan's verify of those drafts: a whole cycle
-    of the k they carried. It is kept as that k's "draft" cost (it grows with k) beside a zero verify
-    cost, so the choice weighs the whole cycle (max and sum of the two halves are then the same)."""
-
-    def __init__(self, fused: Callable[[], bool] = lambda: False) -> None:
-        self.fused = fused  # plans now verify and draft one batch (scheduler.py)
-        self.adaptive: AdaptiveK | None = None
-        self.by_step: dict[int, int] = {}  # k drafted at each recent step (0: no drafts)
-        self.unverified: set[int] = set()  # sequences whose prompt the verifier has not computed yet
-        self.undrafted: set[int] = set()  # ... the draft service has not
-        self.cold: dict[int, tuple[bool, bool]] = {}  # step -> (its verify, its draft) included a prompt
-        self.chosen: dict[int, int] = {}  # auto: how many plans drafted each k
-
-    def for_plan(self, step: int, mode: str, k: int, with_drafts: bool, draft_batch: Sequence[int] = (),
-                 verify_batch: Sequence[int] = (), added: Sequence[SeqSpec] = (),
-                 redrafted: Sequence[SeqSpec] = (), removed: Sequence[int] = (), k_min: int = 1) -> int:
-        """`added`: new sequences (both workers); `redrafted`: re-sent to a recovered draft service;
-        auto chooses within k_min..k."""
-        self.unverified.update(spec.seq_id for spec in added)
-        self.undrafted.update(spec.seq_id for spec in (*added, *redrafted))
-        self.unverified.difference_update(removed)
-        self.undrafted.difference_update(removed)
-        cold_verify = not self.unverified.isdisjoint(verify_batch)
-        cold_draft = with_drafts and not self.undrafted.isdisjoint(draft_batch)
-        self.unverified.difference_update(verify_batch)
-        if with_drafts:
-            self.undrafted.difference_update(draft_batch)
-        self.cold[step] = (cold_verify, cold_draft)
-        self.cold.pop(step - 16, None)
-        chosen = k
-        # Every drafting mode teaches the estimate (acceptance by position, the cost of the k in use), so a
-        # policy change to auto starts from what the deployment has already measured.
-        if self.adaptive is None and (with_drafts or mode == "auto"):
-            self.adaptive = AdaptiveK(k_max=k, k_min=min(k_min, k))
-        elif self.adaptive is not None and with_drafts and k > self.adaptive.k_max:
-            self.adaptive.resize(k, self.adaptive.k_min)  # a fixed k beyond auto's last bounds: its positions too
-        if mode == "auto":
-            assert self.adaptive is not None
-            if (self.adaptive.k_max, self.adaptive.k_min) != (k, min(k_min, k)):
-                self.adaptive.resize(k, k_min)
-            chosen = self.adaptive.choose(overlapped=True, batch=len(draft_batch))
-            if with_drafts:
-                self.chosen[chosen] = self.chosen.get(chosen, 0) + 1
-        self.by_step[step] = chosen if with_drafts else 0
-        self.by_step.pop(step - 16, None)
-        return chosen
-
-    def snapshot(self) -> dict[str, object] | None:
-        """What adaptive k has learnt (in any drafting mode) and, in auto, chosen (None before anything was
-        drafted): for /health and for tuning k_min..k."""
-        a = self.adaptive
-        if a is None:
-            return None
-        return {"k_min": a.k_min, "k_max": a.k_max, "plans_by_k": dict(sorted(self.chosen.items())),
-                "acceptance_by_position": [round(p, 4) for p in a.acceptance()],
-                "draft_ms_by_batch_and_k": costs_view(a.draft), "verify_ms_by_batch_and_k": costs_view(a.verify)}
-
-    def judged(self, step: int) -> int:
-        """Drafts each sequence verified at `step` carries: its batch drafted in the step before."""
-        return self.by_step.get(step - 1, 0)
-
-    def on_verify(self, step: int, drafted: int, accepted: list[int], compute_ms: float | None) -> None:
-        """`compute_ms`: None when the step's time says nothing of its k (it captured a CUDA graph)."""
-        if self.adaptive is not None and drafted > 0 and accepted:
-            self.adaptive.observe_verdicts(drafted, accepted)
-            if compute_ms is None:
-                return
-            if self.fused():
-                cold = self.cold.get(step, (False, False))[0] or self.cold.get(step - 1, (False, False))[1]
-                if not cold:
-                    self.adaptive.draft.add(drafted, compute_ms, len(accepted))
-                    self.adaptive.verify.add(drafted, 0.0, len(accepted))
-            elif not self.cold.get(step, (False, False))[0]:
-                self.adaptive.verify.add(drafted, compute_ms, len(accepted))
-
-    def on_draft(self, step: int, compute_ms: float | None, batch: int = 0) -> None:
-        k = self.by_step.get(step, 0)
-        if self.adaptive is not None and k > 0 and compute_ms and not self.cold.get(step, (False, False))[1]:
-            self.adaptive.draft.add(k, compute_ms, batch)
+    def choose_to_finish(self, to_go: Mapping[int, int], overlapped: bool = True) -> int:
+        """The k whose batch is expected to end soonest, T(k) above; `to_go`: each running sequence's
+        tokens still to go (its max_tokens less its output: an end of sequence can only come sooner)."""
+        live = {seq_id: r for seq_id, r in to_go.items() if r > 0}
+        if not live:
+            return self.choose(overlapped, len(to_go))
+        running = [size_bucket(len(live) - j) for j in range(len(live))]  # sequences running in segment j
+        ks = range(self.k_min, self.k_max + 1)
+        costs = {k: {b: self.step_ms(k, overlapped, b) for b in set(running)} for k in ks}
+        if any(ms is None for by_bucket in costs.values() for ms in by_bucket.values()):
+            return self.k_max
+        acceptance, pooled = self.acceptance(), self.pooled()
+        expected = [(r, self.expected_by_k(acceptance, self.seq_scale(s, pooled))) for s, r in live.items()]
+        best_k, best_ms = self.k_max, float("inf")
+        for k, by_bucket in costs.items():
+            ends = sorted(r / e[k] for r, e in expected)
+            total = sum((end - before) * by_bucket[b]  # type: ignore[operator]
+                        for end, before, b in zip(ends, [0.0, *ends], running, strict=False))
+            if total < best_ms * (1 - 1e-9):
+                best_k, best_ms = k, total
+        return best_k

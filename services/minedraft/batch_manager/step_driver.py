@@ -21,12 +21,12 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from minedraft.batch_manager.adaptive_k import PlanK
 from minedraft.batch_manager.admission import Admission
 from minedraft.batch_manager.backend import GenerationChunk, UnavailableError
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.draft_supervisor import DraftSupervisor
 from minedraft.batch_manager.link import WorkerLink
+from minedraft.batch_manager.plan_k import PlanK
 from minedraft.batch_manager.policy import two_batches
 from minedraft.batch_manager.request_streams import RequestStreams
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
@@ -66,7 +66,8 @@ class StepDriver:
         self.counters = Counters()
         self.observer = StepObserver()  # metrics hook (batch_manager/step_observer.py)
         self._drafted_at: dict[int, tuple[int, str]] = {}  # step -> (drafts per sequence judged, kind)
-        self.k_plan = PlanK(lambda: self.sched.fused)  # the k of each plan (auto: adaptive, adaptive_k.py)
+        self.k_plan = PlanK(lambda: self.sched.fused, lambda s: getattr(self.sched.seqs.get(s), "tokens_to_go", None),
+                            lambda: bool(self.admission.waiting))  # the k of each plan (auto: plan_k.py)
         self._holds = 0  # drains in progress; no plan is issued while > 0
         self._stopping = False
         self._wake = asyncio.Event()
@@ -153,7 +154,8 @@ class StepDriver:
         drafted, kind = self._drafted_at.pop(event.step, (0, "ar"))
         self.observer.verify_done(event, kind, wall_ms)
         drafted = 0 if event.data_plane_lost else drafted  # lost: the verifier judged this step without drafts
-        self.k_plan.on_verify(event.step, drafted, list(event.verdicts.accepted), cost_ms(event.timing))
+        self.k_plan.on_verify(event.step, drafted, list(event.verdicts.accepted), cost_ms(event.timing),
+                              list(event.verdicts.seq_ids))
         self._apply_verdicts(event.verdicts, drafted, event.step)
         if event.data_plane_lost:
             self.draft.lost()

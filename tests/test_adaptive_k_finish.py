@@ -1,0 +1,168 @@
+"""Adaptive k near the end of a batch: with nothing waiting, auto picks the k whose running sequences are
+expected to end soonest (adaptive_k.py's T(k)), from each sequence's own acceptance and tokens to go.
+
+The closed batch below is simulated with step costs shaped like the H200's colocated 8B pair (a full
+batch's step grows steeply with k, a nearly empty one gently) and sequences whose acceptance differs,
+as the synthetic pair's do (an equal-length batch ended 1.23x after its mean sequence at k = 5)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+from minedraft.batch_manager.adaptive_k import AdaptiveK
+from minedraft.batch_manager.config import ManagerConfig
+from minedraft.batch_manager.coordinator import Coordinator
+from minedraft.batch_manager.plan_k import PlanK
+from minedraft.core.sampling_params import SamplingParams
+from tests.fake_worker_links import FakeCluster, greedy
+from tests.step_driver_support import drive, word_tokenizer
+from tests.test_adaptive_k import TimedDraft, TimedVerifier
+
+
+def cycle_ms(k: int, batch: int) -> float:
+    """A fused SD cycle: the weights' read, k draft forwards, and per-sequence work that grows with k."""
+    return 5.0 + 0.9 * k + batch * (0.02 + 0.018 * k)
+
+
+def run_batch(policy: int | str, acceptance: list[float], lengths: list[int], seed: int) -> tuple[float, dict]:
+    """Simulated ms until every sequence has its tokens; `policy` a fixed k, 'auto' (nothing waits, so
+    the end counts) or 'auto-rate' (the steady rate only, as if requests waited)."""
+    rng = random.Random(seed)
+    to_go = dict(enumerate(lengths))
+    plan = PlanK(lambda: True, to_go.get, lambda: policy == "auto-rate")
+    plan.adaptive = AdaptiveK(k_max=6)  # a deployment that has served at every batch size and k
+    measured(plan.adaptive, range(1, 65))
+    mode, k_policy = ("auto", 6) if isinstance(policy, str) else ("sd", policy)
+    total_ms, removed = 0.0, []
+    for step in range(10_000):
+        live = [s for s, r in to_go.items() if r > 0]
+        if not live:
+            return total_ms, plan.snapshot() or {}
+        k = plan.for_plan(step, mode, k_policy, True, draft_batch=live, verify_batch=live, removed=removed)
+        ms = cycle_ms(k, len(live))
+        total_ms += ms
+        accepted = []
+        for s in live:
+            n = 0
+            while n < k and rng.random() < acceptance[s]:
+                n += 1
+            accepted.append(n)
+            to_go[s] = max(0, to_go[s] - n - 1)
+        plan.on_verify(step, k, accepted, ms, live)
+        removed = [s for s in live if to_go[s] == 0]
+    raise AssertionError("the batch never ended")
+
+
+def mixed_batch(m: int, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [min(0.99, max(0.5, rng.gauss(0.9, 0.05))) for _ in range(m)]
+
+
+def measured(est: AdaptiveK, batch_sizes: range) -> None:
+    for b in batch_sizes:
+        for k in range(1, est.k_max + 1):
+            est.draft.add(k, cycle_ms(k, b), b)
+            est.verify.add(k, 0.0, b)
+
+
+def test_a_closed_batch_ends_sooner_than_with_the_rate_and_as_soon_as_with_the_best_fixed_k() -> None:
+    totals: dict[int | str, float] = {}
+    for policy in (1, 2, 3, 4, 5, 6, "auto-rate", "auto"):
+        totals[policy] = sum(run_batch(policy, mixed_batch(48, seed), [256] * 48, seed)[0] for seed in range(4))
+    best_fixed = min(totals[k] for k in range(1, 7))
+    assert totals["auto"] <= best_fixed * 1.005, totals
+    assert totals["auto"] < totals["auto-rate"] * 0.995, totals  # the rate alone: too long a window for the tail
+
+
+def test_lengths_that_differ_end_sooner_than_with_the_rate() -> None:
+    rng = random.Random(7)
+    lengths = [rng.randint(32, 480) for _ in range(32)]
+    auto = sum(run_batch("auto", mixed_batch(32, s), lengths, s)[0] for s in range(3))
+    rate = sum(run_batch("auto-rate", mixed_batch(32, s), lengths, s)[0] for s in range(3))
+    best_fixed = min(sum(run_batch(k, mixed_batch(32, s), lengths, s)[0] for s in range(3)) for k in range(1, 7))
+    assert auto <= rate * 0.97 and auto <= best_fixed * 1.01, (auto, rate, best_fixed)
+
+
+def test_while_requests_wait_auto_keeps_to_the_steady_rate() -> None:
+    _, seen = run_batch("auto-rate", mixed_batch(16, 1), [128] * 16, 1)
+    assert seen["plans_for_the_end"] == 0 and sum(seen["plans_by_k"].values()) > 0  # type: ignore[union-attr]
+    _, seen = run_batch("auto", mixed_batch(16, 1), [128] * 16, 1)
+    assert seen["plans_for_the_end"] == sum(seen["plans_by_k"].values())  # type: ignore[union-attr]
+
+
+def test_equal_sequences_at_an_even_cost_pick_the_rate_choice() -> None:
+    """Equal sequences end together, so T(k) = steps(k) * c(k, b): the steady rate's k."""
+    est = AdaptiveK(k_max=6)
+    measured(est, range(1, 33))
+    est.track(range(16))
+    rng = random.Random(3)
+    for _ in range(40):
+        est.observe_verdicts(6, [min(6, int(rng.expovariate(0.3))) for _ in range(16)], range(16))
+    est.by_seq = {s: [60.0, 80.0] for s in range(16)}  # the same acceptance for each
+    for r in (64, 256, 4096):
+        finish = est.choose_to_finish(dict.fromkeys(range(16), r))
+        assert finish == est.choose(batch=16) or r < 256, (r, finish, est.choose(batch=16))
+
+
+def test_the_slowest_sequence_sets_the_choice() -> None:
+    """One sequence that rejects most drafts, with as far to go as the rest: its steps set the batch's end, and
+    a long window buys it little while every step pays for it."""
+    est = AdaptiveK(k_max=6)
+    measured(est, range(1, 65))
+    est.track(range(64))
+    rng = random.Random(4)
+    for _ in range(30):
+        est.observe_verdicts(6, [sum(1 for _ in iter(lambda: rng.random() < 0.95, False)) % 7 for _ in range(64)],
+                             range(64))
+    fast = est.choose_to_finish(dict.fromkeys(range(64), 200))
+    est.by_seq[0] = [10.0, 100.0]  # sequence 0 accepts one draft in ten
+    slow = est.choose_to_finish(dict.fromkeys(range(64), 200))
+    assert slow < fast, (slow, fast)
+    assert est.choose_to_finish({**dict.fromkeys(range(1, 64), 200), 0: 5}) == fast  # almost done: it no longer counts
+
+
+def test_a_retired_sequence_is_forgotten_even_when_its_last_verdict_comes_late() -> None:
+    plan = PlanK(lambda: True, lambda s: 100, lambda: False)
+    plan.for_plan(0, "auto", 4, True, draft_batch=[1, 2], verify_batch=[])
+    plan.on_verify(1, 4, [4, 0], 8.0, [1, 2])
+    assert plan.adaptive is not None and plan.adaptive.by_seq == {1: [4.0, 4.0], 2: [0.0, 1.0]}
+    plan.for_plan(1, "auto", 4, True, draft_batch=[1], verify_batch=[1, 2], removed=[2])
+    plan.on_verify(2, 4, [1, 3], 8.0, [1, 2])  # 2's verdict from a plan in flight when it retired
+    assert plan.adaptive.by_seq == {1: [5.0, 6.0]}
+
+
+def test_the_step_loop_weighs_the_end_once_no_request_waits(tmp_path: Path) -> None:
+    """Six requests for a batch of two: auto keeps to the rate while some wait and weighs the end for the
+    last two; /health counts those plans; each sequence's acceptance is dropped when it retires; the
+    output stays the verifier's greedy tokens."""
+    cluster = FakeCluster()
+    verifier, draft = TimedVerifier(cluster), TimedDraft(cluster, lambda seq, step: 2)
+    cluster.workers = [verifier, draft]
+    config = ManagerConfig(mode="auto", k=4, pipeline_depth=1, draft_retry_s=0.0, max_num_seqs=2,
+                           auto_min_tokens_per_step=1.0)
+    coordinator = Coordinator(word_tokenizer(tmp_path / "tok"), "fake", verifier, draft, config)
+    prompts = [[5 + 3 * i, 6 + 3 * i, 7 + 3 * i] for i in range(6)]
+    outputs: list[list[int]] = []
+
+    async def scenario() -> None:
+        await coordinator.start(connect_timeout=2)
+
+        async def one(prompt: list[int]) -> list[int]:
+            out: list[int] = []
+            async for chunk in coordinator.generate(prompt, SamplingParams(max_tokens=40, ignore_eos=True), "t"):
+                out += chunk.token_ids
+            return out
+
+        outputs.extend(await asyncio.gather(*(one(p) for p in prompts)))
+        await coordinator.stop()
+
+    drive(scenario)
+    assert outputs == [greedy(p, 40) for p in prompts]
+    learnt = coordinator.status()["adaptive_k"]
+    assert isinstance(learnt, dict)
+    drafted_plans = sum(learnt["plans_by_k"].values())
+    assert 0 < learnt["plans_for_the_end"] < drafted_plans, learnt
+    estimate = coordinator.driver.k_plan.adaptive
+    assert estimate is not None and estimate.by_seq == {}  # every sequence retired, none kept
