@@ -49,6 +49,8 @@ def timed(stack, mode: str, k: int, prompts: list[list[int]], lengths: list[int]
              for key, n in ((after.get("adaptive_k") or {}).get("plans_by_k", {})).items()}
     return {"rate": round(row["tokens_per_s"], 1), "out": out, "captured_ms": round(row["graph_capture_ms"], 1),
             "plans_by_k": {key: n for key, n in plans.items() if n > 0},
+            "plans_for_the_end": ((after.get("adaptive_k") or {}).get("plans_for_the_end", 0)
+                                  - (before.get("adaptive_k") or {}).get("plans_for_the_end", 0)),
             # per verify step of the timed run: what the model predicts against what happened
             "steps": row["steps"], "step_ms": round(row["step_ms"], 3), "verify_ms": round(row["verify_ms"], 3),
             "mean_accepted_length": round(row["mean_accepted_length"], 3)}
@@ -87,6 +89,7 @@ def run_level(acceptance: float, ms: list[int], fixed: list[int], args: argparse
                     "auto_over_best_max": round(max(x["rate"] for x in runs["auto"])
                                                 / max(x["rate"] for x in runs[best]), 3),
                     "auto_k": [x["plans_by_k"] for x in runs["auto"]],
+                    "auto_plans_for_the_end": [x["plans_for_the_end"] for x in runs["auto"]],
                     "per_step": {label: [{key: x[key] for key in ("steps", "step_ms", "verify_ms",
                                                                   "mean_accepted_length")} for x in rs]
                                  for label, rs in runs.items()},
