@@ -16,6 +16,7 @@ from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.batch_manager.plan_k import PlanK
 from minedraft.core.sampling_params import SamplingParams
+from minedraft.proto import control_pb2
 from tests.fake_worker_links import FakeCluster, greedy
 from tests.step_driver_support import drive, word_tokenizer
 from tests.test_adaptive_k import TimedDraft, TimedVerifier
@@ -190,3 +191,13 @@ def test_the_step_loop_weighs_the_end_once_no_request_waits(tmp_path: Path) -> N
     assert 0 < learnt["plans_for_the_end"] < drafted_plans, learnt
     estimate = coordinator.driver.k_plan.adaptive
     assert estimate is not None and estimate.by_seq == {}  # every sequence retired, none kept
+
+
+def test_sequences_lost_with_the_verifier_are_forgotten() -> None:
+    """A lost verifier takes its sequences along and no plan carries their removal: the driver forgets them."""
+    plan = PlanK(lambda: False, lambda s: 100, lambda: False)
+    added = [control_pb2.SeqSpec(seq_id=s) for s in (1, 2, 3)]
+    plan.for_plan(0, "auto", 4, True, draft_batch=[1, 2, 3], verify_batch=[], added=added)
+    assert plan.adaptive is not None and set(plan.adaptive.by_seq) == {1, 2, 3} and plan.unverified == {1, 2, 3}
+    plan.forget([1, 2, 3])
+    assert plan.adaptive.by_seq == {} and plan.unverified == set() and plan.undrafted == set()

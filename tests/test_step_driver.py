@@ -262,6 +262,8 @@ def test_a_lost_verifier_aborts_running_requests_and_refuses_new_ones_without_ha
         assert (await stack.coordinator.apply_policy(k=3))["k"] == 3  # nothing in flight to wait for
         status = stack.coordinator.status()
         assert (status["running"], status["reserved_blocks"]) == (0, 0)
+        k_plan = stack.coordinator.driver.k_plan  # nothing kept of the lost sequence (no plan removes it)
+        assert k_plan.adaptive is not None and k_plan.adaptive.by_seq == {} and not k_plan.unverified
         await stack.coordinator.stop()
 
     drive(scenario)

@@ -55,10 +55,7 @@ class PlanK:
         auto chooses within k_min..k."""
         self.unverified.update(spec.seq_id for spec in added)
         self.undrafted.update(spec.seq_id for spec in (*added, *redrafted))
-        self.unverified.difference_update(removed)
-        self.undrafted.difference_update(removed)
-        if self.adaptive is not None:
-            self.adaptive.forget(removed)
+        self.forget(removed)
         cold_verify = not self.unverified.isdisjoint(verify_batch)
         cold_draft = with_drafts and not self.undrafted.isdisjoint(draft_batch)
         self.unverified.difference_update(verify_batch)
@@ -90,6 +87,13 @@ class PlanK:
         self.by_step[step] = chosen if with_drafts else 0
         self.by_step.pop(step - 16, None)
         return chosen
+
+    def forget(self, seq_ids: Sequence[int]) -> None:
+        """Sequences gone from the workers (retired, or lost with a verifier): nothing of theirs is kept."""
+        self.unverified.difference_update(seq_ids)
+        self.undrafted.difference_update(seq_ids)
+        if self.adaptive is not None:
+            self.adaptive.forget(seq_ids)
 
     def snapshot(self) -> dict[str, object] | None:
         """What adaptive k has learnt (in any drafting mode) and, in auto, chosen (None before anything was

@@ -277,6 +277,7 @@ class StepDriver:
         self.in_flight = 0
         self._drafted_at.clear()
         self.abort_everything("the verifier was lost (its process ended or its connection broke)")
+        self.k_plan.forget(self.pending_remove)  # no plan will carry these removals: the new verifier never had them
         self.pending_remove = []
         self.admission.in_use = 0
         self.draft.verifier_lost()
