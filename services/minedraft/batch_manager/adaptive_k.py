@@ -203,7 +203,13 @@ class AdaptiveK:
         if any(ms is None for by_bucket in costs.values() for ms in by_bucket.values()):
             return self.k_max
         acceptance, pooled = self.acceptance(), self.pooled()
-        expected = [(r, self.expected_by_k(acceptance, self.seq_scale(s, pooled))) for s, r in live.items()]
+        by_scale: dict[float, list[float]] = {}  # sequences of about the same acceptance share one E(k)
+        expected = []
+        for seq_id, r in live.items():
+            scale = round(self.seq_scale(seq_id, pooled), 3)
+            if scale not in by_scale:
+                by_scale[scale] = self.expected_by_k(acceptance, scale)
+            expected.append((r, by_scale[scale]))
         best_k, best_ms = self.k_max, float("inf")
         for k, by_bucket in costs.items():
             ends = sorted(r / e[k] for r, e in expected)
