@@ -8,8 +8,11 @@ as the synthetic pair's do (an equal-length batch ended 1.23x after its mean seq
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from pathlib import Path
+
+import pytest
 
 from minedraft.batch_manager.adaptive_k import AdaptiveK
 from minedraft.batch_manager.config import ManagerConfig
@@ -201,3 +204,12 @@ def test_sequences_lost_with_the_verifier_are_forgotten() -> None:
     assert plan.adaptive is not None and set(plan.adaptive.by_seq) == {1, 2, 3} and plan.unverified == {1, 2, 3}
     plan.forget([1, 2, 3])
     assert plan.adaptive.by_seq == {} and plan.unverified == set() and plan.undrafted == set()
+
+
+def test_each_auto_plan_explains_its_k_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    """MINEDRAFT_LOG_LEVEL=DEBUG: one line per auto plan naming the rule, the rate's k and the slowest sequence."""
+    caplog.set_level(logging.DEBUG, logger="minedraft.batch_manager.plan_k")
+    run_batch("auto", [0.95, 0.95, 0.3], [64, 64, 64], 0)
+    lines = [r.getMessage() for r in caplog.records if "auto drafts" in r.getMessage()]
+    assert lines and all("by the end (the rate's k: " in line for line in lines)
+    assert "lowest sequence 2 at" in lines[-1]  # the one accepting 3 drafts in 10

@@ -3,6 +3,7 @@ the workers' events (the estimate itself: adaptive_k.py)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ from minedraft.batch_manager.adaptive_k import AdaptiveK, BucketedCosts
 if TYPE_CHECKING:
     from minedraft.proto.control_pb2 import SeqSpec
 
+log = logging.getLogger(__name__)
 
 def costs_view(costs: BucketedCosts) -> dict[int, dict[int, float]]:
     return {b: {k: round(ms, 3) for k, ms in sorted(t.by_k.items())} for b, t in sorted(costs.buckets.items())}
@@ -77,16 +79,31 @@ class PlanK:
             if (self.adaptive.k_max, self.adaptive.k_min) != (k, min(k_min, k)):
                 self.adaptive.resize(k, k_min)
             to_go = {seq_id: self.to_go(seq_id) for seq_id in draft_batch}
-            if draft_batch and not self.queued() and None not in to_go.values():
+            for_the_end = bool(draft_batch) and not self.queued() and None not in to_go.values()
+            if for_the_end:
                 chosen = self.adaptive.choose_to_finish(to_go, overlapped=True)  # type: ignore[arg-type]
                 self.finishing += with_drafts
             else:
                 chosen = self.adaptive.choose(overlapped=True, batch=len(draft_batch))
             if with_drafts:
                 self.chosen[chosen] = self.chosen.get(chosen, 0) + 1
+                if log.isEnabledFor(logging.DEBUG):
+                    self._explain(step, chosen, for_the_end, draft_batch, to_go)
         self.by_step[step] = chosen if with_drafts else 0
         self.by_step.pop(step - 16, None)
         return chosen
+
+    def _explain(self, step: int, chosen: int, for_the_end: bool, batch: Sequence[int],
+                 to_go: dict[int, int | None]) -> None:
+        """One DEBUG line per auto plan (MINEDRAFT_LOG_LEVEL=DEBUG): what decided its k."""
+        a = self.adaptive
+        assert a is not None
+        pooled = a.pooled()
+        scale, slowest = min((a.seq_scale(s, pooled), s) for s in batch)
+        log.debug("step %d: auto drafts k=%d for %d sequences, by %s (the rate's k: %d); pooled acceptance %.3f, "
+                  "lowest sequence %d at %.2fx it (%s tokens to go, %.0f drafts judged)", step, chosen, len(batch),
+                  "the end" if for_the_end else "the rate", a.choose(True, len(batch)), pooled, slowest, scale,
+                  to_go.get(slowest), a.by_seq.get(slowest, [0.0, 0.0])[1])
 
     def forget(self, seq_ids: Sequence[int]) -> None:
         """Sequences gone from the workers (retired, or lost with a verifier): nothing of theirs is kept."""

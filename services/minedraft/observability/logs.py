@@ -8,6 +8,7 @@ log line can be joined with its trace and with the client's request id.
 from __future__ import annotations
 
 import logging
+import os
 from contextvars import ContextVar
 
 current_request_id: ContextVar[str] = ContextVar("minedraft_request_id", default="-")
@@ -25,11 +26,16 @@ class RequestContextFilter(logging.Filter):
         return True
 
 
-def configure_logging(service: str, level: int = logging.INFO) -> None:
-    """Root logging for one service process (called by its main, never at import)."""
+def configure_logging(service: str, level: int | None = None) -> None:
+    """Root logging for one service process (called by its main, never at import). The level: `level`, else
+    MINEDRAFT_LOG_LEVEL (DEBUG, INFO, WARNING, ERROR), else INFO."""
     handler = logging.StreamHandler()
     handler.addFilter(RequestContextFilter())
     handler.setFormatter(logging.Formatter(LOG_FORMAT.format(service=service)))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    named = os.environ.get("MINEDRAFT_LOG_LEVEL", "INFO").strip().upper()
+    chosen = logging.getLevelNamesMapping().get(named)
+    root.setLevel(level if level is not None else chosen if chosen is not None else logging.INFO)
+    if level is None and chosen is None:
+        root.warning("MINEDRAFT_LOG_LEVEL=%r is not a level (DEBUG, INFO, WARNING, ERROR): logging at INFO", named)
