@@ -7,6 +7,8 @@ accounting), `draft_supervisor` + `draft_state` (the draft service's loss and re
 `verifier_supervisor` (the verifier's return) and `link` (what a worker connection must
 offer; `worker_link` implements it over gRPC). Shutting down is a drain: new requests are
 refused, the ones in flight finish (up to a grace period), then the workers' streams close.
+A step loop or event handler that dies of an unexpected error ends every request with that error, reports
+unavailable, and sets `loop_failed`, on which the process exits non-zero to be restarted (not a hang).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from minedraft.batch_manager.admission import Admission, KvLimits
 from minedraft.batch_manager.backend import GenerationChunk
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.draft_state import DraftState
-from minedraft.batch_manager.link import WorkerLink
+from minedraft.batch_manager.link import WorkerLink, guarded
 from minedraft.batch_manager.live_policy import apply_policy
 from minedraft.batch_manager.step_driver import StepDriver
 from minedraft.batch_manager.worker_link import GrpcWorkerLink
@@ -45,6 +47,9 @@ class Coordinator:
         self.driver = StepDriver(config, tokenizer, verifier, draft, self.admission)
         self.draining = False
         self._loop_task: asyncio.Task | None = None
+        self.failure = ""  # why the step loop or an event handler died ("" while all is well)
+        self.loop_failed = asyncio.Event()
+        self.driver.draft.on_fault = self.driver.reconnect.on_fault = self.fail
 
     @classmethod
     def over_grpc(cls, tokenizer: Tokenizer, model_name: str, verifier_address: str, draft_address: str | None,
@@ -72,7 +77,7 @@ class Coordinator:
                                  f"{vinfo.vocab_size}")
         limits = KvLimits(vinfo.max_context, self.tokenizer.vocab_size, vinfo.num_blocks, vinfo.block_size or 16)
         d.eos_ids = self.tokenizer.stop_ids(vinfo.eos_token_ids)
-        await d.verifier.open(d.on_verifier_event, d.on_verifier_lost)
+        await d.verifier.open(guarded(d.on_verifier_event, self.fail), d.on_verifier_lost)
         if vinfo.role == COLOCATED_VERIFIER_ROLE:
             d.sched.fuse_sd = True  # its SD verifies and drafts in one plan (scheduler.py)
             if d.draft.link is None or not d.config.draft_stand_in:
@@ -97,6 +102,24 @@ class Coordinator:
         await d.draft.start()
         d.serving = True
         self._loop_task = asyncio.create_task(d.run())
+        self._loop_task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task) -> None:
+        error = None if task.cancelled() else task.exception()
+        if isinstance(error, Exception):
+            self.fail(error, "step loop")
+
+    def fail(self, error: Exception, where: str = "event handling") -> None:
+        """A bug (an unexpected error) in the loop or in handling a worker's event: the manager's state can no
+        longer be trusted, so every request ends with the error and the process exits to be restarted."""
+        if self.failure:
+            return
+        log.error("the batch manager's %s failed", where, exc_info=error)
+        self.failure = f"the batch manager's {where} failed ({type(error).__name__}: {error})"
+        self.driver.accepting = False
+        self.driver.stop()
+        self.driver.abort_everything(self.failure)
+        self.loop_failed.set()
 
     def begin_drain(self) -> None:
         """Shutting down: refuse new requests (503 / UNAVAILABLE); those in flight go on."""
@@ -148,6 +171,8 @@ class Coordinator:
         """(status, reason): ok; degraded while speculation is off because of a fault; unavailable
         while the verifier is gone; draining while shutting down."""
         d = self.driver
+        if self.failure:
+            return "unavailable", f"{self.failure}; the process exits to be restarted"
         if self.draining:
             return "draining", "shutting down: finishing the requests in flight, refusing new ones"
         if not d.serving:

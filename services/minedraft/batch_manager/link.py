@@ -44,3 +44,20 @@ class WorkerLink(Protocol):
     async def close(self) -> None:
         """End the stream and release the connection."""
         ...
+
+
+def raise_fault(error: Exception) -> None:
+    raise error
+
+
+def guarded(handler: EventHandler, on_fault: Callable[[Exception], None]) -> EventHandler:
+    """`handler`, with any error it raises given to `on_fault`: a handler that fails inside a stream's reader
+    would otherwise end the reader quietly, and no event of that worker would ever be handled again."""
+
+    def call(event: control_pb2.WorkerEvent) -> None:
+        try:
+            handler(event)
+        except Exception as error:
+            on_fault(error)
+
+    return call

@@ -164,15 +164,20 @@ async def serve(args: argparse.Namespace, config: ManagerConfig, options: Servin
     logging.info("batch manager ready: gRPC %s:%d, HTTP %s://%s:%d, admin %s, API keys %s (mode %s)", args.host,
                  grpc_server.port, "https" if options.tls else "http", args.host, args.http_port, admin,
                  len(options.api_keys) or "off", config.mode)
-    await stop.wait()
-    logging.info("draining: refusing new requests, finishing %d running and %d waiting (grace %.0f s)",
-                 len(coordinator.driver.requests), len(coordinator.admission.waiting), options.drain_grace_s)
-    await grpc_server.not_serving()
-    took = await coordinator.drain(options.drain_grace_s)
-    logging.info("drained in %.2f s; closing the listeners and the workers' streams", took)
+    ended = {asyncio.create_task(stop.wait()), asyncio.create_task(coordinator.loop_failed.wait())}
+    await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+    if not coordinator.failure:
+        logging.info("draining: refusing new requests, finishing %d running and %d waiting (grace %.0f s)",
+                     len(coordinator.driver.requests), len(coordinator.admission.waiting), options.drain_grace_s)
+        await grpc_server.not_serving()
+        took = await coordinator.drain(options.drain_grace_s)
+        logging.info("drained in %.2f s; closing the listeners and the workers' streams", took)
     for server in servers:
         server.should_exit = True
     await grpc_server.stop(grace=FLUSH_S)
     await asyncio.gather(*tasks)
     await coordinator.stop()
+    if coordinator.failure:
+        logging.error("%s: exiting with status 1 so the process is restarted", coordinator.failure)
+        return 1
     return 0

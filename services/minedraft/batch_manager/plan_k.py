@@ -87,7 +87,7 @@ class PlanK:
                 chosen = self.adaptive.choose(overlapped=True, batch=len(draft_batch))
             if with_drafts:
                 self.chosen[chosen] = self.chosen.get(chosen, 0) + 1
-                if log.isEnabledFor(logging.DEBUG):
+                if draft_batch and log.isEnabledFor(logging.DEBUG):  # a plan may only carry removals
                     self._explain(step, chosen, for_the_end, draft_batch, to_go)
         self.by_step[step] = chosen if with_drafts else 0
         self.by_step.pop(step - 16, None)
