@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 def costs_view(costs: BucketedCosts) -> dict[int, dict[int, float]]:
     return {b: {k: round(ms, 3) for k, ms in sorted(t.by_k.items())} for b, t in sorted(costs.buckets.items())}
 
