@@ -191,6 +191,17 @@ class TimedDraft(FakeDraft):
         return event
 
 
+async def generate_each(coordinator: Coordinator, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Every prompt at once through the coordinator (ignoring EOS); each one's output tokens."""
+    async def one(prompt: list[int]) -> list[int]:
+        out: list[int] = []
+        async for chunk in coordinator.generate(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), "t"):
+            out += chunk.token_ids
+        return out
+
+    return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
 def test_auto_mode_drafts_the_chosen_k_and_output_stays_exact(tmp_path: Path) -> None:
     """Only the first draft is ever right: after a few steps auto drafts k = 1 (the same expected tokens as
     any longer draft, in the shortest step), while the outputs stay the verifier's greedy tokens."""
@@ -203,14 +214,7 @@ def test_auto_mode_drafts_the_chosen_k_and_output_stays_exact(tmp_path: Path) ->
 
     async def scenario() -> list[list[int]]:
         await coordinator.start(connect_timeout=2)
-
-        async def one(prompt: list[int]) -> list[int]:
-            out: list[int] = []
-            async for chunk in coordinator.generate(prompt, SamplingParams(max_tokens=60, ignore_eos=True), "t"):
-                out += chunk.token_ids
-            return out
-
-        outputs = await asyncio.gather(*(one(p) for p in prompts))
+        outputs = await generate_each(coordinator, prompts, 60)
         await coordinator.stop()
         return outputs
 

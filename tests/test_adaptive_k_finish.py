@@ -7,7 +7,6 @@ as the synthetic pair's do (an equal-length batch ended 1.23x after its mean seq
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from pathlib import Path
@@ -18,11 +17,10 @@ from minedraft.batch_manager.adaptive_k import AdaptiveK
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.batch_manager.plan_k import PlanK
-from minedraft.core.sampling_params import SamplingParams
 from minedraft.proto import control_pb2
 from tests.fake_worker_links import FakeCluster, greedy
 from tests.step_driver_support import drive, word_tokenizer
-from tests.test_adaptive_k import TimedDraft, TimedVerifier
+from tests.test_adaptive_k import TimedDraft, TimedVerifier, generate_each
 
 
 def cycle_ms(k: int, batch: int) -> float:
@@ -176,14 +174,7 @@ def test_the_step_loop_weighs_the_end_once_no_request_waits(tmp_path: Path) -> N
 
     async def scenario() -> None:
         await coordinator.start(connect_timeout=2)
-
-        async def one(prompt: list[int]) -> list[int]:
-            out: list[int] = []
-            async for chunk in coordinator.generate(prompt, SamplingParams(max_tokens=40, ignore_eos=True), "t"):
-                out += chunk.token_ids
-            return out
-
-        outputs.extend(await asyncio.gather(*(one(p) for p in prompts)))
+        outputs.extend(await generate_each(coordinator, prompts, 40))
         await coordinator.stop()
 
     drive(scenario)

@@ -22,22 +22,29 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
     return word_tokenizer(Path(tmp_path_factory.mktemp("tok")))
 
 
+async def break_midway(stack: Stack, method: str, error: Exception, message: str) -> None:
+    """A request streams its first tokens, then PlanK's `method` raises `error`: the rest of the stream
+    must end with UnavailableError matching `message` (not hang)."""
+    await stack.coordinator.start()
+    stream = stack.stream(PROMPTS[0], 30)
+    assert (await anext(stream)).token_ids == greedy(PROMPTS[0], 3)
+
+    def broken(*args: object, **kwargs: object) -> int:
+        raise error
+
+    setattr(stack.driver.k_plan, method, broken)
+    with pytest.raises(UnavailableError, match=message):
+        async for _ in stream:
+            pass
+    assert stack.coordinator.loop_failed.is_set()
+
+
 def test_a_failed_step_loop_ends_every_request_and_reports_why(tokenizer: Tokenizer,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
         stack = Stack(tokenizer, config("psd"), all_right)
-        await stack.coordinator.start()
-        stream = stack.stream(PROMPTS[0], 30)
-        assert (await anext(stream)).token_ids == greedy(PROMPTS[0], 3)
-
-        def broken(*args: object, **kwargs: object) -> int:
-            raise RuntimeError("a bug in the loop")
-
-        stack.driver.k_plan.for_plan = broken  # type: ignore[method-assign]
-        with pytest.raises(UnavailableError, match=r"step loop failed \(RuntimeError: a bug in the loop\)"):
-            async for _ in stream:
-                pass
-        assert stack.coordinator.loop_failed.is_set()
+        await break_midway(stack, "for_plan", RuntimeError("a bug in the loop"),
+                           r"step loop failed \(RuntimeError: a bug in the loop\)")
         status = stack.coordinator.status()
         assert status["status"] == "unavailable" and "exits to be restarted" in str(status["reason"])
         assert (status["running"], status["waiting"]) == (0, 0)
@@ -55,19 +62,10 @@ def test_an_error_while_handling_a_workers_event_ends_every_request(tokenizer: T
     handled again and every request hung."""
     async def scenario() -> None:
         stack = Stack(tokenizer, config("psd"), all_right)
-        await stack.coordinator.start()
-        stream = stack.stream(PROMPTS[0], 30)
-        assert (await anext(stream)).token_ids == greedy(PROMPTS[0], 3)
-
-        def broken(*args: object, **kwargs: object) -> None:
-            raise KeyError("a bug in the bookkeeping")
-
-        setattr(stack.driver.k_plan, handler, broken)
-        with pytest.raises(UnavailableError, match=r"event handling failed \(KeyError: 'a bug in the bookkeeping'\)"):
-            async for _ in stream:
-                pass
-        assert stack.coordinator.loop_failed.is_set() and stack.coordinator.status()["status"] == "unavailable"
-        assert stack.driver.reconnect.on_fault == stack.coordinator.fail  # a reconnected verifier's stream too
+        await break_midway(stack, handler, KeyError("a bug in the bookkeeping"),
+                           r"event handling failed \(KeyError: 'a bug in the bookkeeping'\)")
+        assert stack.coordinator.status()["status"] == "unavailable"
+        assert stack.driver.fault == stack.coordinator.fail  # the hook every stream's handler reports to
         await stack.coordinator.stop()
 
     drive(scenario)

@@ -182,11 +182,12 @@ class AdaptiveK:
         """The k with the most expected tokens per ms for a batch of this size; k_max until both costs
         were measured."""
         best_k, best_rate = self.k_max, -1.0
+        expected = self.expected_by_k(self.acceptance(), 1.0)
         for k in range(self.k_min, self.k_max + 1):
             ms = self.step_ms(k, overlapped, batch)
             if ms is None:
                 return self.k_max
-            rate = self.expected_tokens(k) / max(ms, 1e-6)
+            rate = expected[k] / max(ms, 1e-6)
             if rate > best_rate * (1 + 1e-9):
                 best_k, best_rate = k, rate
         return best_k

@@ -49,7 +49,7 @@ class Coordinator:
         self._loop_task: asyncio.Task | None = None
         self.failure = ""  # why the step loop or an event handler died ("" while all is well)
         self.loop_failed = asyncio.Event()
-        self.driver.draft.on_fault = self.driver.reconnect.on_fault = self.fail
+        self.driver.fault = self.fail
 
     @classmethod
     def over_grpc(cls, tokenizer: Tokenizer, model_name: str, verifier_address: str, draft_address: str | None,
@@ -77,7 +77,7 @@ class Coordinator:
                                  f"{vinfo.vocab_size}")
         limits = KvLimits(vinfo.max_context, self.tokenizer.vocab_size, vinfo.num_blocks, vinfo.block_size or 16)
         d.eos_ids = self.tokenizer.stop_ids(vinfo.eos_token_ids)
-        await d.verifier.open(guarded(d.on_verifier_event, self.fail), d.on_verifier_lost)
+        await d.verifier.open(guarded(d.on_verifier_event, d.fault), d.on_verifier_lost)
         if vinfo.role == COLOCATED_VERIFIER_ROLE:
             d.sched.fuse_sd = True  # its SD verifies and drafts in one plan (scheduler.py)
             if d.draft.link is None or not d.config.draft_stand_in:

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.draft_state import DraftLinkState, DraftState
-from minedraft.batch_manager.link import WorkerLink, guarded, raise_fault
+from minedraft.batch_manager.link import WorkerLink, guarded
 from minedraft.batch_manager.policy import two_batches
 from minedraft.batch_manager.step_stats import Counters
 from minedraft.proto import control_pb2
@@ -43,6 +43,7 @@ class LoopHooks(Protocol):
     """What the supervisor asks of the step loop."""
 
     serving: bool  # the verifier's stream is open (an epoch needs both workers)
+    fault: Callable[[Exception], None]  # where an error raised while handling a worker's event goes
 
     def draining(self) -> AbstractAsyncContextManager[None]:
         """Hold new plans and wait until the verifier ran every issued one."""
@@ -78,7 +79,6 @@ class DraftSupervisor:
         self.reason = ""  # why the draft service last left the loop (for /health while degraded)
         self._replies: dict[str, asyncio.Future[control_pb2.WorkerEvent]] = {}
         self._recovery: asyncio.Task | None = None
-        self.on_fault: Callable[[Exception], None] = raise_fault  # an error in the event handler (coordinator.py)
         self.colocated = False  # the verifier drafts on its own GPU (no draft link, no data plane)
         self.stand_in = False  # the verifier has its own draft too: it drafts while the draft service is lost
 
@@ -207,7 +207,7 @@ class DraftSupervisor:
         assert self.link is not None
         cfg = self.config()
         vinfo = await self.verifier.info()
-        await self.link.open(guarded(self._on_event, self.on_fault), self.lost)
+        await self.link.open(guarded(self._on_event, self.loop.fault), self.lost)
         self.epoch += 1
         loop = asyncio.get_running_loop()
         self._replies = {role: loop.create_future() for role in ("verifier", "draft")}

@@ -71,6 +71,11 @@ class TwoBatchScheduler:
     def _tokens_to_go(self, batch: int) -> int:
         return sum(s.tokens_to_go for s in self.seqs.values() if s.batch == batch)
 
+    def to_go(self, seq_id: int) -> int | None:
+        """Tokens the sequence may still produce (None: not scheduled)."""
+        seq = self.seqs.get(seq_id)
+        return None if seq is None else seq.tokens_to_go
+
     def remove(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from minedraft.batch_manager.admission import Admission
 from minedraft.batch_manager.backend import GenerationChunk, UnavailableError
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.draft_supervisor import DraftSupervisor
-from minedraft.batch_manager.link import WorkerLink
+from minedraft.batch_manager.link import WorkerLink, raise_fault
 from minedraft.batch_manager.plan_k import PlanK
 from minedraft.batch_manager.policy import two_batches
 from minedraft.batch_manager.request_streams import RequestStreams
@@ -66,9 +66,10 @@ class StepDriver:
         self.counters = Counters()
         self.observer = StepObserver()  # metrics hook (batch_manager/step_observer.py)
         self._drafted_at: dict[int, tuple[int, str]] = {}  # step -> (drafts per sequence judged, kind)
-        self.k_plan = PlanK(lambda: self.sched.fused, lambda s: getattr(self.sched.seqs.get(s), "tokens_to_go", None),
+        self.k_plan = PlanK(lambda: self.sched.fused, self.sched.to_go,
                             lambda: bool(self.admission.waiting))  # the k of each plan (auto: plan_k.py)
         self._holds = 0  # drains in progress; no plan is issued while > 0
+        self.fault: Callable[[Exception], None] = raise_fault  # an error handling a worker's event (Coordinator.fail)
         self._stopping = False
         self._wake = asyncio.Event()
         self._last_verify_at = 0.0

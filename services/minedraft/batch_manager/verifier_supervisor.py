@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from minedraft.batch_manager.link import EventHandler, LostHandler, WorkerLink, guarded, raise_fault
+from minedraft.batch_manager.link import EventHandler, LostHandler, WorkerLink, guarded
 from minedraft.proto import control_pb2
 
 log = logging.getLogger(__name__)
@@ -24,6 +24,7 @@ INFO_TIMEOUT_S = 2.0  # how long one probe of a lost verifier waits for an answe
 class VerifierHooks(Protocol):
     on_verifier_event: EventHandler
     on_verifier_lost: LostHandler
+    fault: Callable[[Exception], None]  # where an error raised while handling its events goes
 
     def verifier_back(self, info: control_pb2.WorkerInfo) -> None:
         """The fresh stream is open: serve again."""
@@ -38,7 +39,6 @@ class VerifierSupervisor:
         self.retry_s = retry_s
         self.reconnects = 0
         self._task: asyncio.Task | None = None
-        self.on_fault: Callable[[Exception], None] = raise_fault  # an error in the event handler (coordinator.py)
 
     def lost(self) -> None:
         if self._task is None or self._task.done():
@@ -56,7 +56,7 @@ class VerifierSupervisor:
                 log.error("the verifier answers again but cannot take over: its model has %d tokens, the "
                           "tokenizer %d", info.vocab_size, self.vocab_size)
                 continue
-            await self.link.open(guarded(self.loop.on_verifier_event, self.on_fault), self.loop.on_verifier_lost)
+            await self.link.open(guarded(self.loop.on_verifier_event, self.loop.fault), self.loop.on_verifier_lost)
             self.reconnects += 1
             log.info("verifier is back (reconnect %d): serving again", self.reconnects)
             self.loop.verifier_back(info)

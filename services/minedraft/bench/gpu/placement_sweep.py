@@ -75,9 +75,8 @@ class Sweep:
 
     def cell(self, stack, config: str, mode: str, k: int, prompts: list[list[int]], gpus: int, tags: dict,
              reference: list[list[int]] | None) -> list[list[int]]:
-        # auto may pick any k in 1..k: every width it can reach is warmed up (captured) before timing.
-        warm_ks = range(1, k + 1) if mode == "auto" else ()
-        row, outputs = measure(stack, mode, k, prompts, self.args.max_tokens, self.args.reps, warm_ks=warm_ks)
+        # Every width auto may reach was captured when level() started the stacks (capture_k).
+        row, outputs = measure(stack, mode, k, prompts, self.args.max_tokens, self.args.reps)
         row.update(config=config, mode=mode, k=k, gpus=gpus, **tags)
         if reference is not None:
             row.update(agreement(outputs, reference))

@@ -84,18 +84,13 @@ def log_tails(stack: LocalStack, lines: int = 20) -> dict[str, list[str]]:
 
 
 def measure(stack: LocalStack, mode: str, k: int, prompts: list[list[int]], max_tokens: int | Sequence[int],
-            reps: int, pipeline_depth: int = 2, warm_ks: Sequence[int] = (),
-            max_num_seqs: int = 0) -> tuple[dict, list[list[int]]]:
+            reps: int, pipeline_depth: int = 2, max_num_seqs: int = 0) -> tuple[dict, list[list[int]]]:
     """One cell: policy, one full warm-up run, `reps` timed runs. Returns the row and the first run's outputs.
-    `max_num_seqs`: the batch's bound (0: every prompt at once; fewer: the rest queue for a place).
-
-    `warm_ks`: first one untimed PSD run at each of these k, so that every draft and verify width the
-    cell may use is captured as a CUDA graph before timing (auto picks its k per step)."""
+    `max_num_seqs`: the batch's bound (0: every prompt at once; fewer: the rest queue for a place). A stack
+    started with `capture_k` has every width auto may pick captured already; the row's `graph_capture_ms`
+    says whether a timed run captured anything."""
     cfg = stack.cfg
     seqs = max_num_seqs or len(prompts)
-    for warm_k in warm_ks:
-        put_policy(stack.admin_port, mode="psd", k=warm_k, max_num_seqs=seqs, pipeline_depth=pipeline_depth)
-        asyncio.run(generate_all(cfg.grpc_port, prompts, max_tokens))
     put_policy(stack.admin_port, mode=mode, k=k, max_num_seqs=seqs, pipeline_depth=pipeline_depth)
     asyncio.run(generate_all(cfg.grpc_port, prompts, max_tokens))  # warm-up at this cell's own shape
     before = fetch_status(cfg.http_port)
