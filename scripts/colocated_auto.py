@@ -1,8 +1,11 @@
-"""Adaptive k (auto) against every fixed k on a colocated verifier (fused SD), one GPU, 8B-shaped synthetic pair.
+"""Adaptive k (auto) against every fixed k on a colocated verifier (fused SD), one GPU, 8B-shaped synthetic pair;
+with --psd, PSD m+m on two GPUs instead (the draft service on GPU 1, 2m requests for two batches of m).
 
 Usage (repository root, a CUDA machine):
     python3 scripts/colocated_auto.py ACCEPTANCES MS KS [--tokens N] [--rounds R] [--capture-k K] [--workloads W]
+                                      [--psd]
 e.g.   python3 scripts/colocated_auto.py 0.7,0.5,0.9 16,64 1,2,3,4,5,6 --tokens 256 --rounds 2
+       python3 scripts/colocated_auto.py 0.7,0.9 16,32 2,3,4,5,6 --tokens 128 --workloads uniform --psd
 For each acceptance level it starts one colocated stack whose workers capture every CUDA graph auto may
 need at start-up (--capture-k, default max(KS); 0 = on first use), then, per batch size m and workload,
 times SD at each fixed k and auto (k <= max(KS)) in R rounds (the order reversed every other round, so a
@@ -24,7 +27,7 @@ import statistics
 import sys
 
 from minedraft.bench.client import fetch_status, generate_all, put_policy
-from minedraft.bench.gpu.placements import PairSpecs, colocated_stack, measure
+from minedraft.bench.gpu.placements import PairSpecs, colocated_stack, measure, split_stack
 from minedraft.bench.peaked_head import agree_for_acceptance
 from minedraft.bench.synthetic_pair import SyntheticSpec
 from minedraft.bench.workload import random_prompts
@@ -60,29 +63,35 @@ def run_level(acceptance: float, ms: list[int], fixed: list[int], args: argparse
               prompts: list[list[int]]) -> None:
     target, draft = SyntheticSpec("llama3-8b", "target", 0.02, 4, agree_for_acceptance(acceptance)).pair()
     capture_k = max(fixed) if args.capture_k is None else args.capture_k
-    stack = colocated_stack(PairSpecs(str(target), str(draft)), 4096, max(ms), capture_k=capture_k)
+    pair, batches = PairSpecs(str(target), str(draft)), 2 if args.psd else 1  # PSD m+m: two batches of m
+    place = split_stack if args.psd else colocated_stack
+    stack = place(pair, 4096, batches * max(ms), capture_k=capture_k)
     stack.start_verifier()
+    if args.psd:
+        stack.start_draft()
     stack.start_manager()
     stack.wait_ready(900)
+    fixed_mode = "psd" if args.psd else "sd"
     try:
         for m in ms:  # Triton autotuning and the first allocations, outside every timed run
             for k in range(1, max(fixed) + 1):
-                put_policy(stack.admin_port, mode="sd", k=k, max_num_seqs=m)
-                asyncio.run(generate_all(stack.cfg.grpc_port, prompts[:m], 32))
-        configs = [*((f"k={k}", "sd", k) for k in fixed), ("auto", "auto", max(fixed))]
+                put_policy(stack.admin_port, mode=fixed_mode, k=k, max_num_seqs=batches * m)
+                asyncio.run(generate_all(stack.cfg.grpc_port, prompts[:batches * m], 32))
+        configs = [*((f"k={k}", fixed_mode, k) for k in fixed), ("auto", "auto", max(fixed))]
         for m in ms:
-            for name, lengths in workloads(m, args.tokens).items():
+            for name, lengths in workloads(batches * m, args.tokens).items():
                 if name not in args.workloads.split(","):
                     continue
                 runs: dict[str, list[dict]] = {}
                 for r in range(args.rounds):
                     for label, mode, k in configs if r % 2 == 0 else configs[::-1]:
-                        runs.setdefault(label, []).append(timed(stack, mode, k, prompts, lengths, m))
+                        runs.setdefault(label, []).append(timed(stack, mode, k, prompts, lengths, batches * m))
                 median = {label: statistics.median(x["rate"] for x in rs) for label, rs in runs.items()}
                 best = max((label for label in median if label != "auto"), key=median.__getitem__)
                 status = fetch_status(stack.cfg.http_port).get("adaptive_k") or {}
                 print(json.dumps({
-                    "acceptance": acceptance, "m": m, "workload": name, "tokens": args.tokens,
+                    "acceptance": acceptance, "m": m, "placement": "PSD m+m" if args.psd else "SD colocated (fused)",
+                    "workload": name, "tokens": args.tokens,
                     "tokens_per_s": {label: [x["rate"] for x in rs] for label, rs in runs.items()},
                     "median": median, "best_fixed": best,
                     "auto_over_best_median": round(median["auto"] / median[best], 3),
@@ -95,7 +104,8 @@ def run_level(acceptance: float, ms: list[int], fixed: list[int], args: argparse
                                  for label, rs in runs.items()},
                     "captured_ms_in_timed_runs": sum(x["captured_ms"] for rs in runs.values() for x in rs),
                     "learnt": {"acceptance_by_position": status.get("acceptance_by_position"),
-                               "cycle_ms_by_batch_and_k": status.get("draft_ms_by_batch_and_k")},
+                               "draft_ms_by_batch_and_k": status.get("draft_ms_by_batch_and_k"),
+                               "verify_ms_by_tokens": status.get("verify_ms_by_tokens")},
                     "outputs_identical": len({json.dumps(x["out"]) for rs in runs.values() for x in rs}) == 1,
                 }), flush=True)
     finally:
@@ -111,9 +121,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--capture-k", type=int, default=None)
     parser.add_argument("--workloads", default="uniform,draining", help="any of uniform, draining, queued")
+    parser.add_argument("--psd", action="store_true", help="PSD m+m on GPUs 0 and 1 instead of SD colocated")
     args = parser.parse_args(argv)
     ms, fixed = [int(x) for x in args.ms.split(",")], [int(x) for x in args.ks.split(",")]
-    prompts = random_prompts(4 * max(ms), seed=13)
+    prompts = random_prompts(8 * max(ms), seed=13)
     for acceptance in (float(x) for x in args.acceptances.split(",")):
         run_level(acceptance, ms, fixed, args, prompts)
     return 0

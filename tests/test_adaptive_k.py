@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from minedraft.batch_manager.adaptive_k import AdaptiveK, StepCosts
+from minedraft.batch_manager.adaptive_k import AdaptiveK
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.batch_manager.plan_k import PlanK
+from minedraft.batch_manager.step_costs import StepCosts
 from minedraft.core.errors import InvalidRequestError
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.proto import control_pb2
@@ -57,8 +58,9 @@ def test_acceptance_by_position_is_measured_from_verdicts() -> None:
 def test_choice_maximises_expected_tokens_per_ms(p: float, overlapped: bool) -> None:
     est = AdaptiveK(k_max=8)
     feed(est, p, 8, 6000, random.Random(2))
-    for k in (2, 5):  # two measured k per side: the rest comes from the line through them
+    for k in range(1, 9):
         est.draft.add(k, 1.0 * k)
+    for k in (1, 8):  # the verify's cost at the other k: the line through these two
         est.verify.add(k, 5.0)
     assert est.choose(overlapped) == best_by_brute_force(p, 8, 1.0, 5.0, overlapped)
 
@@ -103,27 +105,30 @@ def test_fixed_k_modes_teach_the_estimate_so_auto_starts_from_what_was_measured(
         plan.on_verify(step, 4, accepted_counts(0.3, 4, 4, rng), 6.0)
     learnt = plan.snapshot()
     assert learnt is not None and learnt["plans_by_k"] == {}  # auto chose nothing yet
-    assert learnt["draft_ms_by_batch_and_k"] == {4: {4: 16.0}} and learnt["verify_ms_by_batch_and_k"] == {4: {4: 6.0}}
+    assert learnt["draft_ms_by_batch_and_k"] == {4: {4: 16.0}} and learnt["verify_ms_by_tokens"] == {20: 6.0}
     assert all(abs(p - 0.3) < 0.12 for p in learnt["acceptance_by_position"][:2])
     assert plan.for_plan(60, "psd", 6, True, draft_batch=[1, 2, 3, 4]) == 6 and plan.adaptive.k_max == 6
     assert plan.for_plan(61, "auto", 6, True, draft_batch=[1, 2, 3, 4], verify_batch=[5, 6, 7, 8]) == 1
 
 
-def test_costs_are_kept_per_batch_size_and_a_new_size_borrows_the_nearest() -> None:
-    """A CPU-like verify that grows with the batch: what the tail's small batches cost must not stand for full
-    ones, and the best k differs between them."""
-    est = AdaptiveK(k_max=4)
-    est.observe_verdicts(4, [4] * 16)  # every draft accepted: longer drafts yield more
+def test_draft_costs_are_kept_per_batch_size_and_verify_costs_by_the_tokens_checked() -> None:
+    """A draft step's cost by k and batch size (a size not seen borrows the nearest): what the tail's small batches
+    cost must not stand for full ones. A verify's by the tokens it checks, b(k+1), shaped like two H200s' 8B
+    verify: flat while the weights' read dominates, then rising."""
+    est = AdaptiveK(k_max=6)
     for k in (1, 2, 3, 4):
         est.draft.add(k, 1.0 * k, batch=16)
-        est.verify.add(k, 2.0 + 1.0 * k, batch=16)
         est.draft.add(k, 0.2 * k, batch=2)
-        est.verify.add(k, 3.0, batch=2)
-    assert est.verify.estimate(3, False, batch=16) == 5.0 and est.verify.estimate(3, False, batch=12) == 5.0
-    assert est.verify.estimate(3, False, batch=3) == 3.0  # bucket 4 is unseen: 2 is nearer than 16
-    assert est.verify.estimate(3, False, batch=48) == 5.0
-    assert est.choose(batch=2) == 4  # flat verify: the longest draft pays
-    assert est.step_ms(4, True, batch=16) == 6.0 and est.step_ms(4, True, batch=2) == 3.0
+    assert est.draft.estimate(3, True, batch=12) == 3.0 and est.draft.estimate(3, True, batch=48) == 3.0
+    assert est.draft.estimate(3, True, batch=3) == pytest.approx(0.6)  # bucket 4 is unseen: 2 is nearer than 16
+    for batch, k, ms in ((16, 2, 5.9), (16, 6, 6.2), (32, 6, 8.2)):  # 48, 112 and 224 tokens
+        est.verify.add(k, ms, batch)
+    assert est.verify.estimate(1, batch=8) == 5.9  # 16 tokens: below the smallest count, its cost
+    assert est.verify.estimate(4, batch=32) == pytest.approx(6.2 + 2.0 * 48 / 112)  # 160 tokens: between
+    assert est.verify.estimate(6, batch=64) == pytest.approx(8.2 + 2.0 * 224 / 112)  # 448: the last slope on
+    assert est.verify.measured(4, batch=32) and not est.verify.measured(6, batch=64)
+    assert est.step_ms(4, True, batch=16) == pytest.approx(5.9 + 0.3 * 32 / 64)  # verify-bound (80 tokens)
+    assert est.step_ms(4, True, batch=2) == 5.9  # a draft of 0.8 ms hides behind the floor of the verify
 
 
 def specs(*seq_ids: int) -> list[control_pb2.SeqSpec]:
@@ -157,12 +162,12 @@ def test_steps_that_compute_a_prompt_teach_acceptance_but_not_costs() -> None:
     plan.on_draft(1, 40.0)  # 3 and 4 likewise
     plan.on_verify(1, 4, [2, 2], 90.0)  # 1 and 2's first verify
     plan.on_verify(2, 4, [3, 1], 80.0)  # 3 and 4's
-    assert plan.adaptive.draft.buckets == {} and plan.adaptive.verify.buckets == {}
+    assert plan.adaptive.draft.buckets == {} and plan.adaptive.verify.bins == {}
     assert sum(plan.adaptive.tried) > 0  # their verdicts still count
     plan.on_draft(2, 4.0)
     plan.on_verify(3, 4, [4, 0], 6.0)  # steady state: measured
-    draft_costs, verify_costs = plan.adaptive.draft.buckets, plan.adaptive.verify.buckets
-    assert draft_costs[0].by_k == {4: 4.0} and verify_costs[2].by_k == {4: 6.0}  # sizes: unknown, 2
+    draft_costs = plan.adaptive.draft.buckets
+    assert draft_costs[0].by_k == {4: 4.0} and plan.adaptive.verify.view() == {10: 6.0}  # 2 sequences, 5 tokens each
     plan.for_plan(4, "auto", 4, True, draft_batch=[1, 2, 5], verify_batch=[3, 4], added=specs(5), removed=[])
     plan.on_draft(4, 30.0)  # 5's prompt rides along in the draft batch
     assert draft_costs[0].by_k == {4: 4.0} and set(draft_costs) == {0}
@@ -233,5 +238,5 @@ def test_auto_mode_drafts_the_chosen_k_and_output_stays_exact(tmp_path: Path) ->
     assert sum(plans_by_k.values()) >= len(ks) and max(plans_by_k, key=plans_by_k.get) == 1
     first, second = learnt["acceptance_by_position"][:2]  # the second shrinks to the pool: seldom tried
     assert first > 0.9 and second < first - 0.2
-    verify_costs, draft_costs = learnt["verify_ms_by_batch_and_k"], learnt["draft_ms_by_batch_and_k"]
-    assert verify_costs[2][5] == 6.0 and draft_costs[2][1] == 4.0  # two batches of 2 sequences each
+    verify_costs, draft_costs = learnt["verify_ms_by_tokens"], learnt["draft_ms_by_batch_and_k"]
+    assert verify_costs[12] == 6.0 and draft_costs[2][1] == 4.0  # two batches of 2 sequences each

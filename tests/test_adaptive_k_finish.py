@@ -28,21 +28,34 @@ def cycle_ms(k: int, batch: int) -> float:
     return 5.0 + 0.9 * k + batch * (0.02 + 0.018 * k)
 
 
+PSD_STEP_OVERHEAD_MS = 0.3
+
+
+def psd_ms(k: int, batch: int) -> tuple[float, float]:
+    """Draft and verify ms of a PSD step on two H200s (8B-shaped pair): k draft forwards at ~1 ms each, and a
+    verify of b(k+1) tokens, flat to ~100 tokens and then compute-bound (measured: 5.9-6.2 ms at 48-112 tokens,
+    6.8 at 160, 8.2 at 224)."""
+    tokens = batch * (k + 1)
+    return 0.15 + 0.97 * k + 0.002 * batch * k, 5.7 + 0.003 * tokens + 0.012 * max(0, tokens - 96)
+
+
 def run_batch(policy: int | str, acceptance: list[float], lengths: list[int], seed: int,
-              bound: int | None = None) -> tuple[float, dict]:
+              bound: int | None = None, psd: bool = False) -> tuple[float, dict]:
     """Simulated ms until every sequence has its tokens; `policy` a fixed k, 'auto' (nothing waits, so
     the end counts) or 'auto-rate' (the steady rate only, as if requests waited). Whether the draft of a
     sequence's i-th token is right is drawn once, as with greedy decoding: every policy meets the same luck.
     `bound`: what auto is told each running sequence has to go (its max_tokens, where an end of sequence
-    comes first), instead of the truth."""
+    comes first), instead of the truth. Fused SD (`cycle_ms`) on a deployment that has measured every k
+    and size, or with `psd`, PSD from a cold start (`psd_ms`: a step is the longer of draft and verify)."""
     rng = random.Random(seed)
     right = [[rng.random() < p for _ in range(n + 8)] for p, n in zip(acceptance, lengths, strict=True)]
     done = [0] * len(lengths)
     to_go = dict(enumerate(lengths))
     told = to_go.get if bound is None else lambda s: bound if to_go[s] > 0 else 0
-    plan = PlanK(lambda: True, told, lambda: policy == "auto-rate")
-    plan.adaptive = AdaptiveK(k_max=6)  # a deployment that has served at every batch size and k
-    measured(plan.adaptive, range(1, 65))
+    plan = PlanK(lambda: not psd, told, lambda: policy == "auto-rate")
+    if not psd:
+        plan.adaptive = AdaptiveK(k_max=6)  # a deployment that has served at every batch size and k
+        measured(plan.adaptive, range(1, 65))
     mode, k_policy = ("auto", 6) if isinstance(policy, str) else ("sd", policy)
     total_ms, removed = 0.0, []
     for step in range(10_000):
@@ -50,8 +63,10 @@ def run_batch(policy: int | str, acceptance: list[float], lengths: list[int], se
         if not live:
             return total_ms, plan.snapshot() or {}
         k = plan.for_plan(step, mode, k_policy, True, draft_batch=live, verify_batch=live, removed=removed)
-        ms = cycle_ms(k, len(live))
-        total_ms += ms
+        draft_ms, verify_ms = psd_ms(k, len(live)) if psd else (cycle_ms(k, len(live)), 0.0)
+        total_ms += max(draft_ms, verify_ms) + PSD_STEP_OVERHEAD_MS * psd
+        if psd:
+            plan.on_draft(step, draft_ms, len(live))
         accepted = []
         for s in live:
             n = 0
@@ -60,14 +75,14 @@ def run_batch(policy: int | str, acceptance: list[float], lengths: list[int], se
             accepted.append(n)
             done[s] += n + 1
             to_go[s] = max(0, to_go[s] - n - 1)
-        plan.on_verify(step, k, accepted, ms, live)
+        plan.on_verify(step, k, accepted, verify_ms if psd else draft_ms, live)
         removed = [s for s in live if to_go[s] == 0]
     raise AssertionError("the batch never ended")
 
 
-def mixed_batch(m: int, seed: int) -> list[float]:
+def mixed_batch(m: int, seed: int, mean: float = 0.9) -> list[float]:
     rng = random.Random(seed)
-    return [min(0.99, max(0.5, rng.gauss(0.9, 0.05))) for _ in range(m)]
+    return [min(0.99, max(0.5, rng.gauss(mean, 0.05))) for _ in range(m)]
 
 
 def measured(est: AdaptiveK, batch_sizes: range) -> None:
@@ -198,9 +213,11 @@ def test_sequences_lost_with_the_verifier_are_forgotten() -> None:
 
 
 def test_each_auto_plan_explains_its_k_at_debug(caplog: pytest.LogCaptureFixture) -> None:
-    """MINEDRAFT_LOG_LEVEL=DEBUG: one line per auto plan naming the rule, the rate's k and the slowest sequence."""
+    """MINEDRAFT_LOG_LEVEL=DEBUG: one line per auto plan naming the rule, the rate's k, the slowest sequence
+    and each k's score."""
     caplog.set_level(logging.DEBUG, logger="minedraft.batch_manager.plan_k")
     run_batch("auto", [0.95, 0.95, 0.3], [64, 64, 64], 0)
     lines = [r.getMessage() for r in caplog.records if "auto drafts" in r.getMessage()]
     assert lines and all("by the end (the rate's k: " in line for line in lines)
     assert "lowest sequence 2 at" in lines[-1]  # the one accepting 3 drafts in 10
+    assert "scores by k (ms to the end) 1:" in lines[-1] and " 6:" in lines[-1]

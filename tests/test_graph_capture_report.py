@@ -71,13 +71,11 @@ def test_adaptive_k_learns_acceptance_but_no_cost_from_a_step_that_captured() ->
     plan.on_draft(1, 3.0, 2)
     plan.on_verify(2, 4, [4, 2], 5.0)
     assert plan.adaptive is not None
-    costs = ({b: dict(t.by_k) for b, t in plan.adaptive.draft.buckets.items()},
-             {b: dict(t.by_k) for b, t in plan.adaptive.verify.buckets.items()})
+    costs = ({b: dict(t.by_k) for b, t in plan.adaptive.draft.buckets.items()}, plan.adaptive.verify.view())
     tried = sum(plan.adaptive.tried)
     plan.on_draft(2, None, 2)  # a capture: its time is the capture's, not the step's
     plan.on_verify(3, 4, [1, 0], None)
-    assert ({b: dict(t.by_k) for b, t in plan.adaptive.draft.buckets.items()},
-            {b: dict(t.by_k) for b, t in plan.adaptive.verify.buckets.items()}) == costs
+    assert ({b: dict(t.by_k) for b, t in plan.adaptive.draft.buckets.items()}, plan.adaptive.verify.view()) == costs
     assert sum(plan.adaptive.tried) > tried  # its verdicts still count
 
 

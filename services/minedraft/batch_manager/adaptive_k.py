@@ -5,7 +5,8 @@ Two measurements drive it, both from what the workers already report:
   verdict (a sequence that accepted n of k drafts tried positions 1..min(n+1, k) and passed the
   first n), with old evidence decaying so the estimate follows the traffic; and each running
   sequence's own acceptance, since sequences differ (its p[i] is the pooled one scaled by its ratio);
-- step costs: the draft service's and the verifier's compute time per step, by k and batch size.
+- step costs: the draft service's and the verifier's compute time per step (step_costs.py: a
+  draft's by k and batch size, a verify's by the tokens it checks, b(k + 1)).
 Expected tokens per sequence per verify with k drafts is E(k) = 1 + sum_{i<=k} prod_{j<=i} p[j]; in
 PSD a step costs c(k, b) = max(draft(k), verify(k)) (the two batches overlap), in SD their sum.
 
@@ -19,9 +20,13 @@ about r / E_s(k) more steps, so with those step counts sorted, s_1 <= ... <= s_b
 ms more, and the best k has the least T(k). The slowest sequences set T, and a long draft window
 serves them worst where a full batch makes each step dear; the steady rate misses both (an equal-
 length batch on one H200 ended with its slowest sequence 1.23x after its mean one at k = 5).
-Costs of a k not yet measured come from a line through the measured ones (draft time grows with k,
-the k sequential draft forwards; verify time barely moves), or, with one measured k only, from
-draft ~ k and verify flat. Pure bookkeeping: no I/O, no clock.
+A draft cost of a k not yet measured comes from a line through the measured k (one measured: draft
+~ k), a verify cost from the measured token counts around it (above them: the last slope; one
+measured: flat). Such guesses could hold auto at a k for good: with only k_max measured, a verify-
+bound PSD step looks as dear at every k (on two H200s auto kept k = 6 where k = 4 was 7% faster).
+So once the chosen k is measured, a neighbour whose costs are still guessed, and whose guess is
+within PROBE_WITHIN of the choice, is drafted instead, and the search walks on from what it
+measured (a few plans per batch size). Pure bookkeeping: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -29,68 +34,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from minedraft.batch_manager.step_costs import BucketedCosts, TokenCosts, near_size
+
 DECAY = 0.995  # per verified sequence: evidence ~200 sequences old counts e^-1 as much
 PRIOR_TRIES = 8.0  # pseudo-counts pulling a sparsely seen position towards the pooled acceptance
 PRIOR_P = 0.8  # optimistic start (2 pseudo-counts in the pool), so unseen positions get tried
-COST_EMA = 0.2
 SEQ_PRIOR_TRIES = 8.0  # pseudo-counts pulling a young sequence's acceptance towards the pooled one
 P_CAP = 0.999  # a sequence's scaled acceptance stays a probability
-
-
-@dataclass(slots=True)
-class StepCosts:
-    """Moving averages of one side's compute ms per step, by k."""
-
-    by_k: dict[int, float] = field(default_factory=dict)
-
-    def add(self, k: int, ms: float) -> None:
-        old = self.by_k.get(k)
-        self.by_k[k] = ms if old is None else old + COST_EMA * (ms - old)
-
-    def estimate(self, k: int, grows_with_k: bool) -> float | None:
-        """Measured, or from the least-squares line through the measured k (None: nothing measured)."""
-        if k in self.by_k:
-            return self.by_k[k]
-        if not self.by_k:
-            return None
-        if len(self.by_k) == 1:
-            (k0, ms0), = self.by_k.items()
-            return ms0 * k / k0 if grows_with_k else ms0
-        ks, ms = list(self.by_k), list(self.by_k.values())
-        mk, mm = sum(ks) / len(ks), sum(ms) / len(ms)
-        slope = sum((a - mk) * (b - mm) for a, b in zip(ks, ms, strict=True)) / sum((a - mk) ** 2 for a in ks)
-        return max(0.0, mm + slope * (k - mk))
-
-
-def size_bucket(batch: int) -> int:
-    """Powers of two (0: size unknown). Step costs depend on the batch's size as well as on k (on a CPU
-    about linearly; a GPU's verify much less), and a run's tail shrinks the batches: costs learnt on
-    small batches must not stand for full ones."""
-    return 1 << (batch - 1).bit_length() if batch > 0 else 0
-
-
-@dataclass(slots=True)
-class BucketedCosts:
-    """StepCosts per batch-size bucket; a bucket not seen yet borrows the nearest one's."""
-
-    buckets: dict[int, StepCosts] = field(default_factory=dict)
-    last: int = 0  # the bucket measured most recently
-
-    def add(self, k: int, ms: float, batch: int = 0) -> None:
-        self.last = size_bucket(batch)
-        self.buckets.setdefault(self.last, StepCosts()).add(k, ms)
-
-    def table(self, batch: int = 0) -> StepCosts | None:
-        if not self.buckets:
-            return None
-        b = size_bucket(batch) if batch > 0 else self.last
-        if b in self.buckets:
-            return self.buckets[b]
-        return self.buckets[min(self.buckets, key=lambda key: (abs(key.bit_length() - b.bit_length()), -key))]
-
-    def estimate(self, k: int, grows_with_k: bool, batch: int = 0) -> float | None:
-        table = self.table(batch)
-        return None if table is None else table.estimate(k, grows_with_k)
+PROBE_WITHIN = 0.10  # a neighbour of the best k, costs unmeasured, is tried when its guess is this close
 
 
 @dataclass(slots=True)
@@ -102,8 +53,9 @@ class AdaptiveK:
     passed: list[float] = field(default_factory=list)  # decayed count of drafts accepted at position i
     tried: list[float] = field(default_factory=list)  # decayed count of drafts judged at position i
     draft: BucketedCosts = field(default_factory=BucketedCosts)
-    verify: BucketedCosts = field(default_factory=BucketedCosts)
+    verify: TokenCosts = field(default_factory=TokenCosts)
     by_seq: dict[int, list[float]] = field(default_factory=dict)  # running sequence -> [passed, tried]
+    scores: dict[int, float] = field(default_factory=dict)  # the last choice's score by k (lower: better)
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_min <= self.k_max:
@@ -173,24 +125,39 @@ class AdaptiveK:
 
     def step_ms(self, k: int, overlapped: bool, batch: int = 0) -> float | None:
         d = self.draft.estimate(k, grows_with_k=True, batch=batch)
-        v = self.verify.estimate(k, grows_with_k=False, batch=batch)
+        v = self.verify.estimate(k, batch)
         if d is None or v is None:
             return None
         return max(d, v) if overlapped else d + v
 
+    def measured(self, k: int, batch: int = 0) -> bool:
+        """Both of k's costs come from steps at k (in the bucket a batch of this size reads), not a guess."""
+        draft = self.draft.table(batch)
+        return draft is not None and k in draft.by_k and self.verify.measured(k, batch)
+
+    def probe(self, best_k: int, ms_per_token: Mapping[int, float], batch: int) -> int:
+        """`best_k`, or, once it is measured, its neighbour to measure: unmeasured, and guessed within
+        PROBE_WITHIN of it (`ms_per_token`: each k's score, lower is better)."""
+        if not self.measured(best_k, batch):
+            return best_k
+        near = [(ms_per_token[k], k) for k in (best_k - 1, best_k + 1)
+                if self.k_min <= k <= self.k_max and not self.measured(k, batch)
+                and ms_per_token[k] <= ms_per_token[best_k] * (1 + PROBE_WITHIN)]
+        return min(near)[1] if near else best_k
+
     def choose(self, overlapped: bool = True, batch: int = 0) -> int:
-        """The k with the most expected tokens per ms for a batch of this size; k_max until both costs
-        were measured."""
-        best_k, best_rate = self.k_max, -1.0
+        """The k with the most expected tokens per ms for a batch of this size (or a neighbour to
+        measure); k_max until both costs were measured."""
         expected = self.expected_by_k(self.acceptance(), 1.0)
+        ms_per_token: dict[int, float] = {}
         for k in range(self.k_min, self.k_max + 1):
             ms = self.step_ms(k, overlapped, batch)
             if ms is None:
                 return self.k_max
-            rate = expected[k] / max(ms, 1e-6)
-            if rate > best_rate * (1 + 1e-9):
-                best_k, best_rate = k, rate
-        return best_k
+            ms_per_token[k] = ms / expected[k]
+        self.scores = ms_per_token
+        best_k = min(ms_per_token, key=lambda k: (ms_per_token[k] * (1 - 1e-9 * k), k))
+        return self.probe(best_k, ms_per_token, batch)
 
     def choose_to_finish(self, to_go: Mapping[int, int], overlapped: bool = True) -> int:
         """The k whose batch is expected to end soonest, T(k) above; `to_go`: each running sequence's
@@ -198,7 +165,7 @@ class AdaptiveK:
         live = {seq_id: r for seq_id, r in to_go.items() if r > 0}
         if not live:
             return self.choose(overlapped, len(to_go))
-        running = [size_bucket(len(live) - j) for j in range(len(live))]  # sequences running in segment j
+        running = [near_size(len(live) - j) for j in range(len(live))]  # sequences running in segment j
         ks = range(self.k_min, self.k_max + 1)
         costs = {k: {b: self.step_ms(k, overlapped, b) for b in set(running)} for k in ks}
         if any(ms is None for by_bucket in costs.values() for ms in by_bucket.values()):
@@ -211,11 +178,11 @@ class AdaptiveK:
             if scale not in by_scale:
                 by_scale[scale] = self.expected_by_k(acceptance, scale)
             expected.append((r, by_scale[scale]))
-        best_k, best_ms = self.k_max, float("inf")
+        to_end: dict[int, float] = {}
         for k, by_bucket in costs.items():
             ends = sorted(r / e[k] for r, e in expected)
-            total = sum((end - before) * by_bucket[b]  # type: ignore[operator]
-                        for end, before, b in zip(ends, [0.0, *ends], running, strict=False))
-            if total < best_ms * (1 - 1e-9):
-                best_k, best_ms = k, total
-        return best_k
+            to_end[k] = sum((end - before) * by_bucket[b]  # type: ignore[operator]
+                            for end, before, b in zip(ends, [0.0, *ends], running, strict=False))
+        self.scores = to_end
+        best_k = min(to_end, key=lambda k: (to_end[k], k))
+        return self.probe(best_k, to_end, len(live))

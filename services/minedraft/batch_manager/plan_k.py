@@ -7,7 +7,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from minedraft.batch_manager.adaptive_k import AdaptiveK, BucketedCosts
+from minedraft.batch_manager.adaptive_k import AdaptiveK
+from minedraft.batch_manager.step_costs import BucketedCosts
 
 if TYPE_CHECKING:
     from minedraft.proto.control_pb2 import SeqSpec
@@ -99,12 +100,13 @@ class PlanK:
         """One DEBUG line per auto plan (MINEDRAFT_LOG_LEVEL=DEBUG): what decided its k."""
         a = self.adaptive
         assert a is not None
-        pooled = a.pooled()
+        pooled, scores = a.pooled(), " ".join(f"{k}:{v:.3g}" for k, v in a.scores.items())
         scale, slowest = min((a.seq_scale(s, pooled), s) for s in batch)
         log.debug("step %d: auto drafts k=%d for %d sequences, by %s (the rate's k: %d); pooled acceptance %.3f, "
-                  "lowest sequence %d at %.2fx it (%s tokens to go, %.0f drafts judged)", step, chosen, len(batch),
-                  "the end" if for_the_end else "the rate", a.choose(True, len(batch)), pooled, slowest, scale,
-                  to_go.get(slowest), a.by_seq.get(slowest, [0.0, 0.0])[1])
+                  "lowest sequence %d at %.2fx it (%s tokens to go, %.0f drafts judged); scores by k (%s) %s",
+                  step, chosen, len(batch), "the end" if for_the_end else "the rate", a.choose(True, len(batch)),
+                  pooled, slowest, scale, to_go.get(slowest), a.by_seq.get(slowest, [0.0, 0.0])[1],
+                  "ms to the end" if for_the_end else "ms per token", scores)
 
     def forget(self, seq_ids: Sequence[int]) -> None:
         """Sequences gone from the workers (retired, or lost with a verifier): nothing of theirs is kept."""
@@ -122,7 +124,7 @@ class PlanK:
         return {"k_min": a.k_min, "k_max": a.k_max, "plans_by_k": dict(sorted(self.chosen.items())),
                 "plans_for_the_end": self.finishing,
                 "acceptance_by_position": [round(p, 4) for p in a.acceptance()],
-                "draft_ms_by_batch_and_k": costs_view(a.draft), "verify_ms_by_batch_and_k": costs_view(a.verify)}
+                "draft_ms_by_batch_and_k": costs_view(a.draft), "verify_ms_by_tokens": a.verify.view()}
 
     def judged(self, step: int) -> int:
         """Drafts each sequence verified at `step` carries: its batch drafted in the step before."""
