@@ -11,6 +11,7 @@ batch was full looked dearer than one measured as it emptied. Pure bookkeeping: 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 COST_EMA = 0.2
@@ -75,10 +76,10 @@ class BucketedCosts:
 
 
 def near_size(batch: int) -> int:
-    """A batch size rounded to the verify bins' spacing: sizes this close cost about the same."""
-    if batch <= 2 * TOKEN_BINS_PER_DOUBLING:
+    """A batch size rounded to ~41% steps (exact up to 4): few enough for the end rule to cost each once a plan."""
+    if batch <= 4:
         return batch
-    return round(2 ** (round(math.log2(batch) * TOKEN_BINS_PER_DOUBLING) / TOKEN_BINS_PER_DOUBLING))
+    return round(2 ** (round(math.log2(batch) * 2) / 2))
 
 
 @dataclass(slots=True)
@@ -90,6 +91,7 @@ class TokenCosts:
     bins: dict[int, list[float]] = field(default_factory=dict)  # bin -> [tokens, ms], both averaged
     last_batch: int = 0
     points: list[list[float]] = field(default_factory=list)  # the bins by tokens (kept sorted on add)
+    counts: list[float] = field(default_factory=list)  # their token counts, for bisection
 
     def add(self, k: int, ms: float, batch: int = 0) -> None:
         self.last_batch = batch or self.last_batch
@@ -102,6 +104,7 @@ class TokenCosts:
             point[0] += COST_EMA * (tokens - point[0])
             point[1] += COST_EMA * (ms - point[1])
         self.points = sorted(self.bins.values())
+        self.counts = [tokens for tokens, _ in self.points]
 
     def tokens(self, k: int, batch: int = 0) -> int:
         return max(1, batch or self.last_batch) * (k + 1)
@@ -118,7 +121,7 @@ class TokenCosts:
         tokens, points = self.tokens(k, batch), self.points
         if len(points) == 1 or tokens <= points[0][0]:
             return points[0][1]
-        i = next((i for i, (n, _) in enumerate(points) if n >= tokens), len(points) - 1)
+        i = min(bisect_left(self.counts, tokens), len(points) - 1)
         (n0, ms0), (n1, ms1) = points[i - 1], points[i]
         slope = (ms1 - ms0) / max(n1 - n0, 1e-9)
         if tokens > n1:
