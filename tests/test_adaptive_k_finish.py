@@ -221,3 +221,26 @@ def test_each_auto_plan_explains_its_k_at_debug(caplog: pytest.LogCaptureFixture
     assert lines and all("by the end (the rate's k: " in line for line in lines)
     assert "lowest sequence 2 at" in lines[-1]  # the one accepting 3 drafts in 10
     assert "scores by k (ms to the end) 1:" in lines[-1] and " 6:" in lines[-1]
+
+
+def test_the_end_rule_is_worked_out_once_every_few_plans_of_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its k stands for the next FINISH_REUSES plans of the same batch (it costs the manager's one core 0.1-0.3 ms
+    a plan); a batch that shrank is worked out afresh, and a neighbour drafted to measure it is not kept."""
+    to_go = dict.fromkeys(range(8), 100)
+    plan = PlanK(lambda: True, to_go.get, lambda: False)
+    plan.adaptive = AdaptiveK(k_max=6)
+    measured(plan.adaptive, range(1, 9))
+    calls = []
+    real = AdaptiveK.choose_to_finish
+    monkeypatch.setattr(AdaptiveK, "choose_to_finish", lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
+    ks = [plan.for_plan(step, "auto", 6, True, draft_batch=list(range(8))) for step in range(8)]
+    assert len(calls) == 2 and len(set(ks)) == 1  # plans 0 and 4
+    plan.for_plan(8, "auto", 6, True, draft_batch=list(range(7)), removed=[7])
+    assert len(calls) == 3
+    plan.adaptive.draft.buckets[8].by_k.pop(ks[0] - 1)  # the chosen k's neighbour is unmeasured again
+    probe = plan.for_plan(9, "auto", 6, True, draft_batch=list(range(7)))
+    assert len(calls) == 3 and probe == ks[0]  # still kept from plan 8
+    plan.finish_kept.clear()
+    probe = plan.for_plan(10, "auto", 6, True, draft_batch=list(range(7)))
+    assert probe == ks[0] - 1 and plan.for_plan(11, "auto", 6, True, draft_batch=list(range(7))) == ks[0] - 1
+    assert len(calls) == 5  # the probe was not kept: worked out again (and the neighbour is still unmeasured)

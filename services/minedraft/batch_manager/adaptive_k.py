@@ -56,6 +56,7 @@ class AdaptiveK:
     verify: TokenCosts = field(default_factory=TokenCosts)
     by_seq: dict[int, list[float]] = field(default_factory=dict)  # running sequence -> [passed, tried]
     scores: dict[int, float] = field(default_factory=dict)  # the last choice's score by k (lower: better)
+    best: int = 0  # the last choice's best k (what it returned, unless that was a neighbour to measure)
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_min <= self.k_max:
@@ -138,6 +139,7 @@ class AdaptiveK:
     def probe(self, best_k: int, ms_per_token: Mapping[int, float], batch: int) -> int:
         """`best_k`, or, once it is measured, its neighbour to measure: unmeasured, and guessed within
         PROBE_WITHIN of it (`ms_per_token`: each k's score, lower is better)."""
+        self.best = best_k
         if not self.measured(best_k, batch):
             return best_k
         near = [(ms_per_token[k], k) for k in (best_k - 1, best_k + 1)
