@@ -3,9 +3,12 @@ with --psd, PSD m+m on two GPUs instead (the draft service on GPU 1, 2m requests
 
 Usage (repository root, a CUDA machine):
     python3 scripts/colocated_auto.py ACCEPTANCES MS KS [--tokens N] [--rounds R] [--capture-k K] [--workloads W]
-                                      [--psd]
+                                      [--psd] [--control K]
 e.g.   python3 scripts/colocated_auto.py 0.7,0.5,0.9 16,64 1,2,3,4,5,6 --tokens 256 --rounds 2
-       python3 scripts/colocated_auto.py 0.7,0.9 16,32 2,3,4,5,6 --tokens 128 --workloads uniform --psd
+       python3 scripts/colocated_auto.py 0.7,0.9 32 2,3,4,5,6 --tokens 256 --rounds 3 --psd --control 6
+Runs of identical choices came out up to 4% apart in one call (gpu.md, ninth pass): --control K times k = K
+twice per round (the second mid-round) and reports the ratio of the two, the floor under which auto / best
+fixed says nothing.
 For each acceptance level it starts one colocated stack whose workers capture every CUDA graph auto may
 need at start-up (--capture-k, default max(KS); 0 = on first use), then, per batch size m and workload,
 times SD at each fixed k and auto (k <= max(KS)) in R rounds (the order reversed every other round, so a
@@ -78,6 +81,8 @@ def run_level(acceptance: float, ms: list[int], fixed: list[int], args: argparse
                 put_policy(stack.admin_port, mode=fixed_mode, k=k, max_num_seqs=batches * m)
                 asyncio.run(generate_all(stack.cfg.grpc_port, prompts[:batches * m], 32))
         configs = [*((f"k={k}", fixed_mode, k) for k in fixed), ("auto", "auto", max(fixed))]
+        if args.control:  # the same fixed k once more: how far apart two runs of identical choices come out
+            configs.insert(len(configs) // 2, ("control", fixed_mode, args.control))
         for m in ms:
             for name, lengths in workloads(batches * m, args.tokens).items():
                 if name not in args.workloads.split(","):
@@ -87,7 +92,7 @@ def run_level(acceptance: float, ms: list[int], fixed: list[int], args: argparse
                     for label, mode, k in configs if r % 2 == 0 else configs[::-1]:
                         runs.setdefault(label, []).append(timed(stack, mode, k, prompts, lengths, batches * m))
                 median = {label: statistics.median(x["rate"] for x in rs) for label, rs in runs.items()}
-                best = max((label for label in median if label != "auto"), key=median.__getitem__)
+                best = max((label for label in median if label not in ("auto", "control")), key=median.__getitem__)
                 status = fetch_status(stack.cfg.http_port).get("adaptive_k") or {}
                 print(json.dumps({
                     "acceptance": acceptance, "m": m, "placement": "PSD m+m" if args.psd else "SD colocated (fused)",
@@ -95,6 +100,8 @@ def run_level(acceptance: float, ms: list[int], fixed: list[int], args: argparse
                     "tokens_per_s": {label: [x["rate"] for x in rs] for label, rs in runs.items()},
                     "median": median, "best_fixed": best,
                     "auto_over_best_median": round(median["auto"] / median[best], 3),
+                    "control_over_same_k": (round(median["control"] / median[f"k={args.control}"], 3)
+                                            if args.control else None),
                     "auto_over_best_max": round(max(x["rate"] for x in runs["auto"])
                                                 / max(x["rate"] for x in runs[best]), 3),
                     "auto_k": [x["plans_by_k"] for x in runs["auto"]],
@@ -122,7 +129,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--capture-k", type=int, default=None)
     parser.add_argument("--workloads", default="uniform,draining", help="any of uniform, draining, queued")
     parser.add_argument("--psd", action="store_true", help="PSD m+m on GPUs 0 and 1 instead of SD colocated")
+    parser.add_argument("--control", type=int, default=0,
+                        help="also time this fixed k (one of KS) a second time, mid-round: the noise floor of a ratio")
     args = parser.parse_args(argv)
+    if args.control and str(args.control) not in args.ks.split(","):
+        parser.error("--control must be one of KS")
     ms, fixed = [int(x) for x in args.ms.split(",")], [int(x) for x in args.ks.split(",")]
     prompts = random_prompts(8 * max(ms), seed=13)
     for acceptance in (float(x) for x in args.acceptances.split(",")):
