@@ -158,7 +158,7 @@ class AdaptiveK:
                 return self.k_max
             ms_per_token[k] = ms / expected[k]
         self.scores = ms_per_token
-        best_k = min(ms_per_token, key=lambda k: (ms_per_token[k] * (1 - 1e-9 * k), k))
+        best_k = min(ms_per_token, key=lambda k: (ms_per_token[k], k))
         return self.probe(best_k, ms_per_token, batch)
 
     def choose_to_finish(self, to_go: Mapping[int, int], overlapped: bool = True) -> int:

@@ -74,7 +74,6 @@ class BucketedCosts:
         return None if table is None else table.estimate(k, grows_with_k)
 
 
-
 def near_size(batch: int) -> int:
     """A batch size rounded to ~41% steps (exact up to 4): few enough for the end rule to cost each once a plan."""
     if batch <= 4:
