@@ -48,15 +48,9 @@ def workloads(m: int, tokens: int) -> dict[str, list[int]]:
 
 
 def timed(stack, mode: str, k: int, prompts: list[list[int]], lengths: list[int], m: int) -> dict:
-    before = fetch_status(stack.cfg.http_port)
     row, out = measure(stack, mode, k, prompts[:len(lengths)], lengths, 1, max_num_seqs=m)
-    after = fetch_status(stack.cfg.http_port)
-    plans = {key: n - ((before.get("adaptive_k") or {}).get("plans_by_k", {}).get(key, 0))
-             for key, n in ((after.get("adaptive_k") or {}).get("plans_by_k", {})).items()}
     return {"rate": round(row["tokens_per_s"], 1), "out": out, "captured_ms": round(row["graph_capture_ms"], 1),
-            "plans_by_k": {key: n for key, n in plans.items() if n > 0},
-            "plans_for_the_end": ((after.get("adaptive_k") or {}).get("plans_for_the_end", 0)
-                                  - (before.get("adaptive_k") or {}).get("plans_for_the_end", 0)),
+            "plans_by_k": row["plans_by_k"], "plans_for_the_end": row["plans_for_the_end"],
             # per verify step of the timed run: what the model predicts against what happened
             "steps": row["steps"], "step_ms": round(row["step_ms"], 3), "verify_ms": round(row["verify_ms"], 3),
             "mean_accepted_length": round(row["mean_accepted_length"], 3)}

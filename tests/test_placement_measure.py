@@ -35,6 +35,8 @@ def test_measure_times_sd_auto_and_a_queue_and_reports_per_batch(tmp_path) -> No
     assert queued_out == [row[:n] for row, n in zip(expected, [12, 5, 9, 3], strict=True)]
     assert policy["max_num_seqs"] == 2 and queued["concurrency"] == 4
     assert sd["graph_capture_ms"] == auto["graph_capture_ms"] == 0.0  # a CPU captures no CUDA graphs
+    # adaptive k's plans over the timed run only: auto chose within 1..3, a fixed k chooses nothing
+    assert auto["plans_by_k"] and set(auto["plans_by_k"]) <= {"1", "2", "3"} and sd["plans_by_k"] == {}
     assert agreement(auto_out, expected) == {"rows_equal_ar": 4, "rows_compared": 4, "agreement_with_ar": 1.0}
     for row in (sd, auto):
         assert row["tokens_per_s"] > 0 and row["steps"] > 0 and 0.0 <= row["acceptance"] <= 1.0

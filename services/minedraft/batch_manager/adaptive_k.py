@@ -56,7 +56,6 @@ class AdaptiveK:
     verify: TokenCosts = field(default_factory=TokenCosts)
     by_seq: dict[int, list[float]] = field(default_factory=dict)  # running sequence -> [passed, tried]
     scores: dict[int, float] = field(default_factory=dict)  # the last choice's score by k (lower: better)
-    best: int = 0  # the last choice's best k (what it returned, unless that was a neighbour to measure)
 
     def __post_init__(self) -> None:
         if not 1 <= self.k_min <= self.k_max:
@@ -136,15 +135,22 @@ class AdaptiveK:
         draft = self.draft.table(batch)
         return draft is not None and k in draft.by_k and self.verify.measured(k, batch)
 
-    def probe(self, best_k: int, ms_per_token: Mapping[int, float], batch: int) -> int:
-        """`best_k`, or, once it is measured, its neighbour to measure: unmeasured, and guessed within
-        PROBE_WITHIN of it (`ms_per_token`: each k's score, lower is better)."""
-        self.best = best_k
+    def best(self) -> int | None:
+        """The last choice's best-scoring k (the smaller on a tie; None: it had no costs to score by). It returned
+        another only to measure it."""
+        return min(self.scores, key=lambda k: (self.scores[k], k)) if self.scores else None
+
+    def pick(self, scores: dict[int, float], batch: int) -> int:
+        """The best-scoring k (`scores`: lower is better), or, once it is measured, its neighbour to measure:
+        unmeasured, and guessed within PROBE_WITHIN of it. The scores are kept (`best`, the DEBUG line)."""
+        self.scores = scores
+        best_k = self.best()
+        assert best_k is not None
         if not self.measured(best_k, batch):
             return best_k
-        near = [(ms_per_token[k], k) for k in (best_k - 1, best_k + 1)
+        near = [(scores[k], k) for k in (best_k - 1, best_k + 1)
                 if self.k_min <= k <= self.k_max and not self.measured(k, batch)
-                and ms_per_token[k] <= ms_per_token[best_k] * (1 + PROBE_WITHIN)]
+                and scores[k] <= scores[best_k] * (1 + PROBE_WITHIN)]
         return min(near)[1] if near else best_k
 
     def choose(self, overlapped: bool = True, batch: int = 0) -> int:
@@ -152,14 +158,13 @@ class AdaptiveK:
         measure); k_max until both costs were measured."""
         expected = self.expected_by_k(self.acceptance(), 1.0)
         ms_per_token: dict[int, float] = {}
+        self.scores = {}
         for k in range(self.k_min, self.k_max + 1):
             ms = self.step_ms(k, overlapped, batch)
             if ms is None:
                 return self.k_max
             ms_per_token[k] = ms / expected[k]
-        self.scores = ms_per_token
-        best_k = min(ms_per_token, key=lambda k: (ms_per_token[k], k))
-        return self.probe(best_k, ms_per_token, batch)
+        return self.pick(ms_per_token, batch)
 
     def choose_to_finish(self, to_go: Mapping[int, int], overlapped: bool = True) -> int:
         """The k whose batch is expected to end soonest, T(k) above; `to_go`: each running sequence's
@@ -170,6 +175,7 @@ class AdaptiveK:
         running = [near_size(len(live) - j) for j in range(len(live))]  # sequences running in segment j
         ks = range(self.k_min, self.k_max + 1)
         costs = {k: {b: self.step_ms(k, overlapped, b) for b in set(running)} for k in ks}
+        self.scores = {}
         if any(ms is None for by_bucket in costs.values() for ms in by_bucket.values()):
             return self.k_max
         acceptance, pooled = self.acceptance(), self.pooled()
@@ -185,6 +191,4 @@ class AdaptiveK:
             ends = sorted(r / e[k] for r, e in expected)
             to_end[k] = sum((end - before) * by_bucket[b]  # type: ignore[operator]
                             for end, before, b in zip(ends, [0.0, *ends], running, strict=False))
-        self.scores = to_end
-        best_k = min(to_end, key=lambda k: (to_end[k], k))
-        return self.probe(best_k, to_end, len(live))
+        return self.pick(to_end, len(live))

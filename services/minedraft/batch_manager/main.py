@@ -165,7 +165,9 @@ async def serve(args: argparse.Namespace, config: ManagerConfig, options: Servin
                  grpc_server.port, "https" if options.tls else "http", args.host, args.http_port, admin,
                  len(options.api_keys) or "off", config.mode)
     ended = {asyncio.create_task(stop.wait()), asyncio.create_task(coordinator.loop_failed.wait())}
-    await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+    _, waiting = await asyncio.wait(ended, return_when=asyncio.FIRST_COMPLETED)
+    for task in waiting:
+        task.cancel()
     if not coordinator.failure:
         logging.info("draining: refusing new requests, finishing %d running and %d waiting (grace %.0f s)",
                      len(coordinator.driver.requests), len(coordinator.admission.waiting), options.drain_grace_s)

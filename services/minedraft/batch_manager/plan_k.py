@@ -111,7 +111,7 @@ class PlanK:
         chosen = self.adaptive.choose_to_finish(to_go, overlapped=True)
         if len(self.finish_kept) > 8:  # batches that shrank or ended
             self.finish_kept.clear()
-        if chosen == self.adaptive.best:
+        if chosen == self.adaptive.best():
             self.finish_kept[key] = [chosen, FINISH_REUSES]
         else:
             self.finish_kept.pop(key, None)

@@ -90,7 +90,6 @@ class TokenCosts:
     bins: dict[int, list[float]] = field(default_factory=dict)  # bin -> [tokens, ms], both averaged
     last_batch: int = 0
     points: list[list[float]] = field(default_factory=list)  # the bins by tokens (kept sorted on add)
-    counts: list[float] = field(default_factory=list)  # their token counts, for bisection
 
     def add(self, k: int, ms: float, batch: int = 0) -> None:
         self.last_batch = batch or self.last_batch
@@ -103,7 +102,6 @@ class TokenCosts:
             point[0] += COST_EMA * (tokens - point[0])
             point[1] += COST_EMA * (ms - point[1])
         self.points = sorted(self.bins.values())
-        self.counts = [tokens for tokens, _ in self.points]
 
     def tokens(self, k: int, batch: int = 0) -> int:
         return max(1, batch or self.last_batch) * (k + 1)
@@ -120,7 +118,7 @@ class TokenCosts:
         tokens, points = self.tokens(k, batch), self.points
         if len(points) == 1 or tokens <= points[0][0]:
             return points[0][1]
-        i = min(bisect_left(self.counts, tokens), len(points) - 1)
+        i = min(bisect_left(points, tokens, key=lambda point: point[0]), len(points) - 1)
         (n0, ms0), (n1, ms1) = points[i - 1], points[i]
         slope = (ms1 - ms0) / max(n1 - n0, 1e-9)
         if tokens > n1:

@@ -78,3 +78,11 @@ def step_delta(after: dict, before: dict) -> dict[str, float]:
     out["mean_accepted_length"] = (grew["tokens_total"] / grew["seq_verifies_total"]
                                    if grew["seq_verifies_total"] else 0.0)
     return out
+
+
+def plans_delta(after: dict, before: dict) -> dict[str, object]:
+    """Adaptive k's plans between two /health snapshots: how many drafted each k, how many were chosen for the end."""
+    a, b = after.get("adaptive_k") or {}, before.get("adaptive_k") or {}
+    by_k = {k: n - b.get("plans_by_k", {}).get(k, 0) for k, n in a.get("plans_by_k", {}).items()}
+    return {"plans_by_k": {k: n for k, n in by_k.items() if n > 0},
+            "plans_for_the_end": a.get("plans_for_the_end", 0) - b.get("plans_for_the_end", 0)}

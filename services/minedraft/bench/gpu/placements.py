@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from minedraft.bench.client import fetch_status, generate_all, put_policy, step_delta
+from minedraft.bench.client import fetch_status, generate_all, plans_delta, put_policy, step_delta
 from minedraft.bench.gpu.pairs import SYNTHETIC_WORKERS
 from minedraft.bundled import TINY_TARGET
 from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
@@ -100,7 +100,8 @@ def measure(stack: LocalStack, mode: str, k: int, prompts: list[list[int]], max_
         outputs, seconds = asyncio.run(generate_all(cfg.grpc_port, prompts, max_tokens))
         rates.append(sum(len(o) for o in outputs) / seconds)
         first = first or outputs
-    per_step = step_delta(fetch_status(cfg.http_port), before)
+    after = fetch_status(cfg.http_port)
+    per_step = step_delta(after, before)
     wall = per_step.get("wall_ms", 0.0)
     # Busy: the GPU time the workers measured (CUDA events), the host clock where they did not; a verify
     # launched ahead is queued long before it runs, so only its GPU time says how long it took.
@@ -131,6 +132,7 @@ def measure(stack: LocalStack, mode: str, k: int, prompts: list[list[int]], max_
         # CUDA graphs captured inside the timed runs (both workers): should be 0 (--capture-batch, warm-ups)
         "graph_capture_ms": (per_step.get("verify_graph_capture_ms", 0.0)
                              + per_step.get("draft_graph_capture_ms", 0.0)) * per_step["steps"],
+        **plans_delta(after, before),  # auto: the k its timed runs drafted
     }
     return row, first
 
