@@ -127,7 +127,8 @@ class EngineBackend:
     # ----- API side (event loop threads) -----
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                 deadline: float | None = None, partial: bool = True) -> RequestStream:
+                 deadline: float | None = None, partial: bool = True, share_prompt: str | None = None
+                 ) -> RequestStream:
         """Admit a request now; raises InvalidRequestError or QueueFullError before any chunk."""
         self._check_alive()
         validate_request(prompt_ids, params, self.max_context, self.engine.target.vocab_size)

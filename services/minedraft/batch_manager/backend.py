@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from minedraft.core.errors import MinedraftError
+from minedraft.core.logprobs import TokenLogprob
 from minedraft.core.request import Request, RequestStats
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
@@ -47,15 +48,19 @@ class GenerationChunk:
     prompt_tokens: int
     completion_tokens: int  # total so far
     stats: RequestStats | None = None  # on the last chunk only: the request's timings, for its trace
+    logprobs: list[TokenLogprob] | None = None  # one per token in token_ids, when the request asked
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # once, on the first chunk that has them
+    cumulative_logprob: float = 0.0  # of all output so far (best_of ranks by it)
 
     @classmethod
     def take_from(cls, req: Request) -> GenerationChunk | None:
         """What `req` produced since the last call; None when there is nothing to say."""
-        text, token_ids = req.take_delta()
-        if not (text or token_ids or req.finished):
+        text, token_ids, logprobs = req.take_delta()
+        prompt_logprobs = req.take_prompt_logprobs()
+        if not (text or token_ids or req.finished or prompt_logprobs):
             return None
         return cls(text, token_ids, req.finish_reason, len(req.prompt_ids), len(req.output_ids),
-                   req.stats if req.finished else None)
+                   req.stats if req.finished else None, logprobs, prompt_logprobs, req.cumulative_logprob)
 
 
 class GenerationBackend(Protocol):
@@ -65,7 +70,7 @@ class GenerationBackend(Protocol):
 
     def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str, deadline: float | None = None,
-        partial: bool = True,
+        partial: bool = True, share_prompt: str | None = None,
     ) -> AsyncIterator[GenerationChunk]:
         """Stream chunks until one carries a finish_reason; with `partial` False (a caller that answers
         only once the request is done: unary gRPC, non-streaming HTTP) that chunk alone, holding all
@@ -77,6 +82,8 @@ class GenerationBackend(Protocol):
         request and frees its KV blocks. At `deadline` (event-loop time; None: none) the request
         is aborted and its last chunk (finish_reason "abort") carries all the text it produced,
         including what was held back for a possible stop string or an unfinished character.
+        Requests given the same `share_prompt` key (the n choices of one API request) have the same prompt,
+        whose KV a backend may compute once and share.
         """
         ...
 

@@ -154,8 +154,9 @@ class Coordinator:
     # ----- GenerationBackend ------------------------------------------------------------
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
-                 deadline: float | None = None, partial: bool = True) -> AsyncIterator[GenerationChunk]:
-        return self.driver.generate(prompt_ids, params, deadline, partial)
+                 deadline: float | None = None, partial: bool = True,
+                 share_prompt: str | None = None) -> AsyncIterator[GenerationChunk]:
+        return self.driver.generate(prompt_ids, params, deadline, partial, share_prompt)
 
     async def apply_policy(self, **changes: object) -> dict[str, object]:
         """Change mode, k, caps or thresholds without a restart (SpeculationPolicy)."""

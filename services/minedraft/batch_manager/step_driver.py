@@ -33,7 +33,7 @@ from minedraft.batch_manager.scheduler import TwoBatchScheduler
 from minedraft.batch_manager.step_observer import StepObserver
 from minedraft.batch_manager.step_stats import Counters, cost_ms
 from minedraft.batch_manager.verifier_supervisor import VerifierSupervisor
-from minedraft.core.codec import seq_spec
+from minedraft.core.codec import logprobs_from_wire, seq_spec
 from minedraft.core.request import Request
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
@@ -126,7 +126,7 @@ class StepDriver:
             req.stats.admitted = time.perf_counter()
             self.observer.request_started(req)
         self.sched.add(req.req_id, req.num_tokens, req.params.max_tokens - len(req.output_ids))
-        return seq_spec(req)
+        return seq_spec(req, self.eos_ids)
 
     def _preempt(self, req: Request) -> None:
         """Off both workers now (its KV is freed by the next plan); back in the queue under a new id."""
@@ -171,6 +171,11 @@ class StepDriver:
         self.observer.verdicts(drafted, verdicts.accepted)
         now = time.perf_counter()
         offset = 0
+        logprobs = {msg.seq_id: msg for msg in verdicts.logprobs}
+        for msg in verdicts.prompt_logprobs:
+            req = self.requests.get(msg.seq_id)
+            if req is not None and req.prompt_logprobs is None:
+                req.prompt_logprobs = [None, *logprobs_from_wire(msg, req.prompt_ids[1:])]
         for seq_id, count, accepted in zip(verdicts.seq_ids, verdicts.counts, verdicts.accepted, strict=True):
             tokens = list(verdicts.tokens[offset : offset + count])
             offset += count
@@ -180,7 +185,10 @@ class StepDriver:
             req.stats.steps += 1
             req.stats.drafted += drafted
             req.stats.accepted += accepted
-            kept = req.append_tokens(tokens, self.eos_ids, self.tokenizer)
+            entries = logprobs_from_wire(logprobs[seq_id], tokens) if seq_id in logprobs else None
+            if req.params.wants_logprobs and entries is None:
+                raise RuntimeError(f"the verifier sent no logprobs for sequence {seq_id}, which asked for them")
+            kept = req.append_tokens(tokens, self.eos_ids, self.tokenizer, entries)
             self.observer.tokens_verified(req, kept, req.stats.note_tokens(now, step) if kept else None)
             self.sched.progress(seq_id, count)
             self.streams.notify(req)
@@ -189,7 +197,7 @@ class StepDriver:
 
     # ----- requests ---------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: SamplingParams, deadline: float | None = None,
-                       partial: bool = True) -> AsyncIterator[GenerationChunk]:
+                       partial: bool = True, share_prompt: str | None = None) -> AsyncIterator[GenerationChunk]:
         """Queue a request (its errors raise at the first `anext`), then stream its chunks until one carries a
         finish reason (only that one: `partial` False); closing the iterator early aborts it, as `deadline` does."""
         if not self.accepting:
@@ -262,7 +270,7 @@ class StepDriver:
         self._wake.set()
 
     def draft_back(self) -> None:
-        self.draft_adds = [seq_spec(req) for req in self.requests.values()]
+        self.draft_adds = [seq_spec(req, self.eos_ids) for req in self.requests.values()]
         self.sched.use_two_batches(self.draft.two_batches(self.config.mode))
         self.sched.restart_drafting()
         self.counters.recoveries += 1

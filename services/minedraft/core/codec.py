@@ -9,6 +9,11 @@ default or a sentinel (vLLM's top_k = -1) from meaning different things on diffe
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
+from minedraft.core.errors import InvalidRequestError
+from minedraft.core.logprobs import TokenLogprob
 from minedraft.core.request import Request
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.proto import control_pb2, generation_pb2
@@ -38,6 +43,23 @@ def sampling_from_api(p: generation_pb2.SamplingParameters) -> SamplingParams:
     )
 
 
+# OpenAI/vLLM JSON fields that map one to one onto SamplingParams (unset: the core default).
+OPENAI_PASSTHROUGH = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
+                      "allowed_token_ids", "logprobs", "prompt_logprobs", "logprobs_mode", "skip_special_tokens",
+                      "spaces_between_special_tokens", "include_stop_str_in_output", "priority")
+
+
+def _logit_bias(bias: dict[Any, float] | None) -> dict[int, float]:
+    """OpenAI keys token ids as strings ("50256"); a key that is no integer is the client's error."""
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        try:
+            out[int(key)] = float(value)
+        except (TypeError, ValueError):
+            raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+    return out
+
+
 def sampling_from_openai(
     *,
     max_tokens: int,
@@ -48,9 +70,15 @@ def sampling_from_openai(
     stop: str | list[str] | None,
     stop_token_ids: list[int] | None,
     ignore_eos: bool | None,
+    logit_bias: dict[Any, float] | None = None,
+    **extras: Any,
 ) -> SamplingParams:
-    """OpenAI/vLLM JSON fields -> core (the caller resolves max_tokens, whose default differs per endpoint)."""
-    return SamplingParams(
+    """OpenAI/vLLM JSON fields -> core (the caller resolves max_tokens, whose default differs per endpoint);
+    `extras` are OPENAI_PASSTHROUGH fields, None where the client left them unset."""
+    unknown = set(extras) - set(OPENAI_PASSTHROUGH)
+    if unknown:
+        raise TypeError(f"not sampling fields: {sorted(unknown)}")
+    params = SamplingParams(
         max_tokens=max_tokens,
         temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
         top_p=DEFAULT_TOP_P if top_p is None else top_p,
@@ -59,21 +87,69 @@ def sampling_from_openai(
         stop=[stop] if isinstance(stop, str) else list(stop or []),
         stop_token_ids=list(stop_token_ids or []),
         ignore_eos=bool(ignore_eos),
+        logit_bias=_logit_bias(logit_bias),
     )
+    for name, value in extras.items():
+        if value is not None:
+            setattr(params, name, list(value) if name == "allowed_token_ids" else value)
+    return params
 
 
-def seq_spec(req: Request) -> control_pb2.SeqSpec:
-    """Core request -> the control-plane record a worker adds a sequence from (resolves the seed)."""
+def seq_spec(req: Request, stop_ids: Iterable[int] = (), fork_of: int | None = None) -> control_pb2.SeqSpec:
+    """Core request -> the control-plane record a worker adds a sequence from (resolves the seed). `stop_ids`:
+    the model's end tokens, masked with the stop token ids while the output is shorter than min_tokens;
+    prompt logprobs are asked for until the request has them."""
     p = req.params
-    return control_pb2.SeqSpec(
-        seq_id=req.req_id,
-        tokens=req.all_tokens,
-        sampling=control_pb2.SeqSampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                                         seed=p.resolved_seed()),
+    sampling = control_pb2.SeqSampling(
+        temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.resolved_seed(), min_p=p.min_p,
+        presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty, logit_bias=p.logit_bias, min_tokens=p.min_tokens,
+        allowed_token_ids=p.allowed_token_ids or [], processed_logprobs=p.logprobs_mode == "processed_logprobs",
     )
+    if p.min_tokens:
+        masked = set(p.stop_token_ids) | (set() if p.ignore_eos else set(stop_ids))
+        sampling.min_tokens_stop_ids.extend(sorted(masked))
+    if p.logprobs is not None:
+        sampling.logprobs = p.logprobs
+    if p.prompt_logprobs is not None and req.prompt_logprobs is None:
+        sampling.prompt_logprobs = p.prompt_logprobs
+    spec = control_pb2.SeqSpec(seq_id=req.req_id, tokens=req.all_tokens, sampling=sampling,
+                               prompt_len=len(req.prompt_ids))
+    if fork_of is not None:
+        spec.fork_of = fork_of
+        spec.fork_tokens = len(req.prompt_ids)
+    return spec
 
 
 def sampling_from_spec(spec: control_pb2.SeqSpec) -> SamplingParams:
-    """Control-plane record -> what the worker's sampler needs (stop rules stay with the batch manager)."""
+    """Control-plane record -> what the worker's sampler and logits processing need (stop rules stay with the
+    batch manager, but for the ids min_tokens masks, which ride in stop_token_ids here)."""
     s = spec.sampling
-    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed)
+    return SamplingParams(
+        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed, min_p=s.min_p,
+        presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+        repetition_penalty=s.repetition_penalty or 1.0, logit_bias=dict(s.logit_bias), min_tokens=s.min_tokens,
+        stop_token_ids=list(s.min_tokens_stop_ids), allowed_token_ids=list(s.allowed_token_ids) or None,
+        logprobs=s.logprobs if s.HasField("logprobs") else None,
+        prompt_logprobs=s.prompt_logprobs if s.HasField("prompt_logprobs") else None,
+        logprobs_mode="processed_logprobs" if s.processed_logprobs else "raw_logprobs",
+        max_tokens=max(1, s.min_tokens),
+    )
+
+
+def logprobs_to_wire(seq_id: int, entries: list[TokenLogprob], top_n: int) -> control_pb2.SeqLogprobs:
+    msg = control_pb2.SeqLogprobs(seq_id=seq_id, top_n=top_n)
+    msg.logprobs.extend(e.logprob for e in entries)
+    msg.ranks.extend(e.rank for e in entries)
+    for e in entries:
+        msg.top_ids.extend(t for t, _ in e.top)
+        msg.top_logprobs.extend(v for _, v in e.top)
+    return msg
+
+
+def logprobs_from_wire(msg: control_pb2.SeqLogprobs, token_ids: list[int]) -> list[TokenLogprob]:
+    """The entries of `token_ids` (the tokens the logprobs are of, in order)."""
+    n = msg.top_n
+    ids, values = list(msg.top_ids), list(msg.top_logprobs)
+    return [TokenLogprob(t, lp, rank, list(zip(ids[i * n:(i + 1) * n], values[i * n:(i + 1) * n], strict=True)))
+            for i, (t, lp, rank) in enumerate(zip(token_ids, msg.logprobs, msg.ranks, strict=True))]

@@ -22,11 +22,12 @@ if TYPE_CHECKING:
 class IncrementalDetokenizer:
     """Text of one request's output, extended token by token."""
 
-    __slots__ = ("_held", "_stream", "_tokenizer")
+    __slots__ = ("_held", "_skip_special", "_stream", "_tokenizer")
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
+        self._skip_special = skip_special_tokens
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self._held: list[int] = []  # ids the stream has not turned into text yet
 
     def step(self, token_id: int) -> str:
@@ -42,6 +43,6 @@ class IncrementalDetokenizer:
         """The last piece of text at the end of a request: what a full decode shows beyond `text_so_far`."""
         if not self._held:
             return ""
-        full = self._tokenizer.decode(all_ids)
+        full = self._tokenizer.decode(all_ids, skip_special_tokens=self._skip_special)
         self._held.clear()
         return full[len(text_so_far):] if full.startswith(text_so_far) else ""

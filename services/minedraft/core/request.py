@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from minedraft.core.detokenizer import IncrementalDetokenizer
+from minedraft.core.logprobs import TokenLogprob
 from minedraft.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -79,8 +80,12 @@ class Request:
     text: str = ""
     finish_reason: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, when asked for
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # one per prompt token, the first None
+    cumulative_logprob: float = 0.0  # of the kept output tokens (best_of ranks by it)
     _sent_text: int = 0
     _sent_tokens: int = 0
+    _sent_prompt_logprobs: bool = False
     _detok: IncrementalDetokenizer | None = None
 
     @property
@@ -115,44 +120,62 @@ class Request:
         if self._detok is not None:
             self.text += self._detok.finish(self.output_ids, self.text)
 
-    def append_tokens(self, new_tokens: list[int], eos_ids: frozenset[int], tokenizer: Tokenizer) -> int:
-        """Append verified tokens up to the first stop condition; returns how many were kept."""
+    def append_tokens(self, new_tokens: list[int], eos_ids: frozenset[int], tokenizer: Tokenizer,
+                      logprobs: list[TokenLogprob] | None = None) -> int:
+        """Append verified tokens up to the first stop condition, one at a time (an end token may sit inside
+        an accepted run); returns how many were kept. `logprobs`: one entry per token in `new_tokens`.
+        No stop condition but the length counts before `min_tokens` tokens (vLLM's rule)."""
         if self.finished:
             return 0
         if self._detok is None:
-            self._detok = IncrementalDetokenizer(tokenizer)
+            self._detok = IncrementalDetokenizer(tokenizer, self.params.skip_special_tokens)
         previous = len(self.text)
         pieces = []
         kept = 0
-        for token in new_tokens:
+        p = self.params
+        for i, token in enumerate(new_tokens):
             self.output_ids.append(token)
+            if logprobs is not None:
+                self.logprobs.append(logprobs[i])
+                self.cumulative_logprob += logprobs[i].logprob
             pieces.append(self._detok.step(token))
             kept += 1
-            if (not self.params.ignore_eos and token in eos_ids) or token in self.params.stop_token_ids:
+            if len(self.output_ids) >= p.min_tokens and ((not p.ignore_eos and token in eos_ids)
+                                                         or token in p.stop_token_ids):
                 self.finish(FINISH_STOP)
-            elif len(self.output_ids) >= self.params.max_tokens:
+            elif len(self.output_ids) >= p.max_tokens:
                 self.finish(FINISH_LENGTH)
             if self.finished:
                 break
         self.text += "".join(pieces)
         if self.finished:
             self.text += self._detok.finish(self.output_ids, self.text)
-        self._apply_stop_strings(previous)
+        if len(self.output_ids) >= p.min_tokens:
+            self._apply_stop_strings(previous)
         return kept
 
     def _apply_stop_strings(self, previous: int) -> None:
-        """Cut the text at the first stop string; only text new since `previous` can complete one."""
+        """Cut the text at the first stop string (after it with `include_stop_str_in_output`); only text new
+        since `previous` can complete one."""
         if not self.params.stop:
             return
         longest = max(len(s) for s in self.params.stop)
         search_from = max(0, previous - longest + 1)
-        hits = [i for i in (self.text.find(s, search_from) for s in self.params.stop) if i >= 0]
+        hits = [(i, i + len(s)) for s in self.params.stop if (i := self.text.find(s, search_from)) >= 0]
         if hits:
-            self.text = self.text[: min(hits)]
+            start, end = min(hits)
+            self.text = self.text[: end if self.params.include_stop_str_in_output else start]
             self.finish(FINISH_STOP)
 
-    def take_delta(self) -> tuple[str, list[int]]:
-        """Text and token ids not yet handed to the client.
+    def take_prompt_logprobs(self) -> list[TokenLogprob | None] | None:
+        """The prompt's entries the first time they are there (they go out once, with the first chunk)."""
+        if self._sent_prompt_logprobs or self.prompt_logprobs is None:
+            return None
+        self._sent_prompt_logprobs = True
+        return self.prompt_logprobs
+
+    def take_delta(self) -> tuple[str, list[int], list[TokenLogprob] | None]:
+        """Text, token ids and their logprobs (None when not asked for) not yet handed to the client.
 
         While running, the last len(longest stop string) - 1 characters are held back: they
         could be the start of a stop string, and text once sent cannot be taken back.
@@ -165,6 +188,7 @@ class Request:
         text_end = max(text_end, self._sent_text)
         delta_text = self.text[self._sent_text : text_end]
         delta_tokens = self.output_ids[self._sent_tokens :]
+        delta_logprobs = self.logprobs[self._sent_tokens :] if self.params.wants_logprobs else None
         self._sent_text = text_end
         self._sent_tokens = len(self.output_ids)
-        return delta_text, delta_tokens
+        return delta_text, delta_tokens, delta_logprobs

@@ -15,6 +15,7 @@ class SeqState:
     tokens: list[int]
     params: SamplingParams
     cached: int = 0
+    prompt_len: int = 0  # tokens[:prompt_len] are the prompt; the rest is output (penalties tell them apart)
 
     @property
     def length(self) -> int:

@@ -19,12 +19,14 @@ class SequenceHost:
     def vocab_size(self) -> int:
         return self.runner.config.vocab_size
 
-    def add(self, seq_id: int, tokens: list[int], params: SamplingParams) -> None:
-        """Start tracking a sequence; its KV is computed lazily on its first step."""
+    def add(self, seq_id: int, tokens: list[int], params: SamplingParams, prompt_len: int | None = None) -> None:
+        """Start tracking a sequence (`prompt_len`: how many of `tokens` are prompt; None: all); its KV is
+        computed lazily on its first step."""
         if seq_id in self.seqs:
             raise KeyError(f"sequence {seq_id} is already present")
         params.resolved_seed()
-        self.seqs[seq_id] = SeqState(seq_id, list(tokens), params)
+        self.seqs[seq_id] = SeqState(seq_id, list(tokens), params, prompt_len=len(tokens) if prompt_len is None
+                                     else prompt_len)
 
     def remove(self, seq_id: int) -> None:
         """Forget a sequence and give its KV blocks back at once."""

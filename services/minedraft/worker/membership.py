@@ -13,7 +13,7 @@ def apply_membership(worker: SequenceHost, plan: control_pb2.StepPlan) -> None:
         worker.remove(seq_id)
     for spec in plan.add:
         worker.remove(spec.seq_id)
-        worker.add(spec.seq_id, list(spec.tokens), sampling_from_spec(spec))
+        worker.add(spec.seq_id, list(spec.tokens), sampling_from_spec(spec), spec.prompt_len or len(spec.tokens))
 
 
 def verify_ids(worker: SequenceHost, plan: control_pb2.StepPlan) -> list[int]:
