@@ -9,10 +9,11 @@ instead of whenever the GC gets to it. With API keys every method but grpc.healt
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
-from dataclasses import dataclass
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass, field
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -27,19 +28,29 @@ from minedraft.batch_manager.backend import (
     RetryLaterError,
     UnavailableError,
 )
+from minedraft.batch_manager.grpc_fan_out import FanOut, close_all, collect, interleave
+from minedraft.batch_manager.grpc_messages import TokenText, chunk_message, response_message
 from minedraft.batch_manager.http_guards import DEFAULT_MAX_REQUEST_BYTES
 from minedraft.batch_manager.prompt_ids import encode_prompt
 from minedraft.batch_manager.request_tracing import traced_stream
 from minedraft.core.codec import sampling_from_api
 from minedraft.core.errors import InvalidRequestError
+from minedraft.core.sampling_params import SamplingParams
 from minedraft.observability.tracing import RequestTracer
 from minedraft.proto import generation_pb2, generation_pb2_grpc
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name  # "minedraft.v1.Generation"
 
 
-def _usage(chunk: GenerationChunk) -> generation_pb2.Usage:
-    return generation_pb2.Usage(prompt_tokens=chunk.prompt_tokens, completion_tokens=chunk.completion_tokens)
+@dataclass(slots=True)
+class _Run:
+    """The backend streams of one call (one per choice or best_of candidate) and what the reply needs."""
+
+    request_id: str
+    fan: FanOut
+    params: SamplingParams  # as the user gave them (the children's may have logprobs forced on)
+    streams: list[AsyncIterator[GenerationChunk]] = field(default_factory=list)  # traced
+    raw: list[AsyncIterator[GenerationChunk]] = field(default_factory=list)  # the backend's own, closed at the end
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -48,66 +59,77 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     def __init__(self, backend: GenerationBackend, tracer: RequestTracer | None = None) -> None:
         self.backend = backend
         self.tracer = tracer
+        self._text = TokenText(backend.tokenizer)
 
     async def _prompt_ids(self, request: generation_pb2.GenerateRequest) -> list[int]:
         kind = request.WhichOneof("prompt")
+        keep = request.sampling.truncate_prompt_tokens
         if kind == "text":
-            return await encode_prompt(self.backend.tokenizer, request.text, self.backend.max_context)
-        if kind == "token_ids":
-            return list(request.token_ids.ids)
-        return []  # rejected by validation as an empty prompt
+            # When truncating, a text longer than the context is no error: its last tokens are kept.
+            ids = await encode_prompt(self.backend.tokenizer, request.text, sys.maxsize if keep else
+                                      self.backend.max_context)
+        elif kind == "token_ids":
+            ids = list(request.token_ids.ids)
+        else:
+            return []  # rejected by validation as an empty prompt
+        return ids[-keep:] if keep else ids
 
-    async def _chunks(
-        self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext, partial: bool = True
-    ) -> AsyncIterator[tuple[str, GenerationChunk]]:
-        """Backend chunks of one request; errors before the first chunk become gRPC statuses."""
+    async def _start(self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext,
+                     streaming: bool) -> _Run:
+        """Admit every child; if one is refused, the ones already admitted are closed (aborted)."""
         request_id = request.request_id or f"req-{uuid.uuid4().hex}"
         params = sampling_from_api(request.sampling)
+        run = _Run(request_id, FanOut.of(request.n, request.best_of, streaming), params)
+        prompt_ids = await self._prompt_ids(request)
+        share = request_id if run.fan.best_of > 1 else None
+
+        def carrier() -> dict[str, str]:
+            return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
+
         try:
-            prompt_ids = await self._prompt_ids(request)
-
-            def carrier() -> dict[str, str]:
-                return {key: value for key, value in context.invocation_metadata() or () if isinstance(value, str)}
-
-            stream = traced_stream(self.backend.generate(prompt_ids, params, request_id, partial=partial), self.tracer,
-                                   "text_completion", carrier, request_id, params)
-            async with aclosing(stream):
-                async for chunk in stream:
-                    yield request_id, chunk
-        except InvalidRequestError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except (QueueFullError, UnavailableError) as exc:
-            await _retry_later(context, exc)
-        except RuntimeError as exc:  # engine failure or backend shut down
-            await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+            for i, child in enumerate(run.fan.child_params(params)):
+                child_id = f"{request_id}-{i}" if share else request_id
+                raw = self.backend.generate(prompt_ids, child, child_id, partial=streaming, share_prompt=share)
+                run.raw.append(raw)
+                run.streams.append(traced_stream(raw, self.tracer, "text_completion", carrier, child_id, child))
+        except BaseException:
+            await close_all(run.raw)
+            raise
+        return run
 
     async def Generate(
         self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> generation_pb2.GenerateResponse:
-        response = generation_pb2.GenerateResponse()
-        parts: list[str] = []
-        async with aclosing(self._chunks(request, context, partial=False)) as chunks:
-            async for request_id, chunk in chunks:
-                response.request_id = request_id
-                parts.append(chunk.text)
-                response.token_ids.extend(chunk.token_ids)
-                response.finish_reason = chunk.finish_reason or ""
-                response.usage.CopyFrom(_usage(chunk))
-        response.text = "".join(parts)
-        return response
+        async with _statuses(context):
+            run = await self._start(request, context, streaming=False)
+            try:
+                candidates = await collect(run.streams)
+            finally:
+                await close_all(run.raw)
+        return response_message(run.request_id, run.fan, candidates, run.params.wants_logprobs, self._text)
 
     async def GenerateStream(self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
-        async with aclosing(self._chunks(request, context)) as chunks:
-            async for request_id, chunk in chunks:
-                await context.write(
-                    generation_pb2.GenerateChunk(
-                        request_id=request_id,
-                        text=chunk.text,
-                        token_ids=chunk.token_ids,
-                        finish_reason=chunk.finish_reason or "",
-                        usage=_usage(chunk),
-                    )
-                )
+        async with _statuses(context):
+            run = await self._start(request, context, streaming=True)
+            try:
+                async with aclosing(interleave(run.streams)) as chunks:
+                    async for index, chunk in chunks:
+                        await context.write(chunk_message(run.request_id, index, chunk, self._text))
+            finally:
+                await close_all(run.raw)
+
+
+@asynccontextmanager
+async def _statuses(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    """Backend errors as gRPC statuses (a cancelled call is no error: it propagates and closes the streams)."""
+    try:
+        yield
+    except InvalidRequestError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    except (QueueFullError, UnavailableError) as exc:
+        await _retry_later(context, exc)
+    except RuntimeError as exc:  # engine failure or backend shut down
+        await context.abort(grpc.StatusCode.INTERNAL, str(exc))
 
 
 class RequestDecoding(grpc.aio.ServerInterceptor):

@@ -29,9 +29,15 @@ def _top_k(value: int | None) -> int:
     return 0 if value in (None, -1) else int(value)
 
 
+# gRPC `optional` fields whose unset value is the core's own default (the neutral one, as in vLLM).
+API_OPTIONAL_FIELDS = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
+                       "logprobs", "prompt_logprobs", "logprobs_mode", "skip_special_tokens",
+                       "spaces_between_special_tokens", "include_stop_str_in_output", "priority")
+
+
 def sampling_from_api(p: generation_pb2.SamplingParameters) -> SamplingParams:
     """Public gRPC message -> core (unset fields take the defaults documented in generation.proto)."""
-    return SamplingParams(
+    params = SamplingParams(
         max_tokens=p.max_tokens if p.HasField("max_tokens") else DEFAULT_MAX_TOKENS,
         temperature=p.temperature if p.HasField("temperature") else DEFAULT_TEMPERATURE,
         top_p=p.top_p if p.HasField("top_p") else DEFAULT_TOP_P,
@@ -40,7 +46,13 @@ def sampling_from_api(p: generation_pb2.SamplingParameters) -> SamplingParams:
         stop=list(p.stop),
         stop_token_ids=list(p.stop_token_ids),
         ignore_eos=p.ignore_eos,
+        logit_bias={int(t): float(v) for t, v in p.logit_bias.items()},
+        allowed_token_ids=list(p.allowed_token_ids) or None,
     )
+    for name in API_OPTIONAL_FIELDS:
+        if p.HasField(name):
+            setattr(params, name, getattr(p, name))
+    return params
 
 
 # OpenAI/vLLM JSON fields that map one to one onto SamplingParams (unset: the core default).
