@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from minedraft.core.codec import sampling_from_spec, seq_spec
 from minedraft.core.errors import InvalidRequestError, ModelLoadError
 from minedraft.core.request import Request
 from minedraft.core.sampling_params import SamplingParams
@@ -151,8 +152,9 @@ class LLMEngine:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
+            spec = seq_spec(req, self.eos_ids)  # what the workers get in the services: the same processing
             for w in self._workers():
-                w.add(req.req_id, req.all_tokens, req.params)
+                w.add(req.req_id, req.all_tokens, sampling_from_spec(spec), len(req.prompt_ids))
             if not self._fits([*self.running, req]) and self.running:
                 for w in self._workers():
                     w.remove(req.req_id)
@@ -185,14 +187,17 @@ class LLMEngine:
         proposal = self.draft.propose(ids, self.k) if self.draft is not None else None
         verdict = self.target.verify(ids, proposal)
         self.total_steps += 1
+        logprobs, prompt_logprobs = self.target.last_logprobs, self.target.last_prompt_logprobs
         for req, row, accepted in zip(batch, verdict.tokens.tolist(), verdict.accepted.tolist(), strict=True):
             new_tokens = row[: accepted + 1]
+            if req.req_id in prompt_logprobs and req.prompt_logprobs is None:
+                req.prompt_logprobs = [None, *prompt_logprobs[req.req_id]]
             if self.draft is not None:
                 self.draft.commit(req.req_id, new_tokens, accepted)
             req.stats.steps += 1
             req.stats.drafted += self.k
             req.stats.accepted += accepted
-            req.append_tokens(new_tokens, self.eos_ids, self.tokenizer)
+            req.append_tokens(new_tokens, self.eos_ids, self.tokenizer, logprobs.get(req.req_id))
             if req.finished:
                 self._retire(req)
         return batch

@@ -39,6 +39,7 @@ class BatchSampling:
     all_greedy: bool = False
     any_top_k: bool = False
     any_top_p: bool = False
+    min_p: torch.Tensor | None = None  # [B] float; None when no sampled row asks for min_p
 
     @classmethod
     def from_params(cls, params: list[SamplingParams], device: torch.device | str = "cpu") -> BatchSampling:
@@ -52,6 +53,8 @@ class BatchSampling:
             all_greedy=all(p.greedy for p in params),
             any_top_k=any(p.top_k > 0 and not p.greedy for p in params),
             any_top_p=any(p.top_p < 1.0 and not p.greedy for p in params),
+            min_p=(to_device(torch.tensor([p.min_p for p in params], dtype=torch.float32), device)
+                   if any(p.min_p > 0 and not p.greedy for p in params) else None),
         )
 
     @property
@@ -96,7 +99,7 @@ def uniforms(seed: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.
 
 
 def processed_probs(logits: torch.Tensor, sampling: BatchSampling) -> torch.Tensor:
-    """Probabilities after temperature, top-k and top-p: logits [B, T, V] -> probs [B, T, V].
+    """Probabilities after temperature, min_p, top-k and top-p: logits [B, T, V] -> probs [B, T, V].
 
     Draft and target go through this same function, so both sides of the acceptance test
     describe the distributions under identical parameters. Greedy rows get temperature 1;
@@ -105,6 +108,10 @@ def processed_probs(logits: torch.Tensor, sampling: BatchSampling) -> torch.Tens
     logits = logits.float()
     temp = torch.where(sampling.greedy, torch.ones_like(sampling.temperature), sampling.temperature)
     logits = logits / temp.view(-1, 1, 1)
+    if sampling.min_p is not None:  # keep tokens at least min_p times as likely as the most likely one
+        probs = torch.softmax(logits, dim=-1)
+        floor = probs.amax(dim=-1, keepdim=True) * sampling.min_p.view(-1, 1, 1)
+        logits = logits.masked_fill(probs < floor, float("-inf"))
     vocab = logits.shape[-1]
     needs_top_k = sampling.any_top_k
     needs_top_p = sampling.any_top_p

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from minedraft.core.codec import logprobs_to_wire
 from minedraft.engine.drafter import Proposal
 from minedraft.engine.readback import Readback, device_mark
 from minedraft.engine.transfer import to_device
@@ -183,6 +184,12 @@ class VerifierExecutor(PlaneOwner):
             with timed(timing, "control_ms"):
                 self.colocated.commit(ids, rows, accepted_list)
         event.verdicts.tokens.extend(t for row, c in zip(rows, counts, strict=True) for t in row[:c])
+        for seq_id, entries in self.worker.last_logprobs.items():
+            event.verdicts.logprobs.append(logprobs_to_wire(seq_id, entries, self.worker.seqs[seq_id].params.logprobs
+                                                            or 0))
+        for seq_id, entries in self.worker.last_prompt_logprobs.items():
+            event.verdicts.prompt_logprobs.append(
+                logprobs_to_wire(seq_id, entries, self.worker.seqs[seq_id].params.prompt_logprobs or 0))
 
     def _await_next(self, readback: Readback) -> control_pb2.StepPlan | None:
         """The next plan; while this step's verdict is still on the device (the GPU is busy anyway) it

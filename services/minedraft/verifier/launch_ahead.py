@@ -9,7 +9,8 @@ longer idles through the host's read-back, bookkeeping, event and next-plan prep
 
 Only the plain case is launched ahead: the next plan verifies exactly the batch this plan drafts (same
 order), removes none of this plan's sequences, every row is greedy and in the steady state (one
-committed token not yet in the KV), the colocated draft is off, and the payload fits one frame.
+committed token not yet in the KV) and asks for no logprobs or logits processing, the colocated draft is
+off, and the payload fits one frame.
 Everything else takes the ordinary path. Tensor-parallel followers get the plan over their host
 channel and queue the same verify ahead (verifier/tp_follower.py). The drafts' header travels back
 with the verdict and is checked when the step commits; a mismatch (which the plan rules out) is
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.engine.logits_processing import processes
 from minedraft.engine.readback import Readback
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
@@ -38,6 +41,11 @@ class LaunchedStep:
     expected_header: list[int]
 
 
+def plain(params: SamplingParams) -> bool:
+    """No logprobs to read back and no logits processing: what the launched step's readback carries."""
+    return params.logprobs is None and not processes(params)
+
+
 def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids: list[int],
                    nxt: control_pb2.StepPlan) -> list[int] | None:
     """The next plan's verify batch when its verify may be queued now, else None."""
@@ -48,6 +56,6 @@ def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids:
         return None
     for seq_id in drafted:
         st = worker.seqs.get(seq_id)
-        if st is None or st.length - st.cached != 1 or not st.params.greedy:
+        if st is None or st.length - st.cached != 1 or not st.params.greedy or not plain(st.params):
             return None
     return drafted

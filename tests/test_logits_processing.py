@@ -1,0 +1,78 @@
+"""Each processed verify slot equals a sequential reference over the committed output plus the drafts before it."""
+
+from __future__ import annotations
+
+import torch
+
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.engine.logits_processing import LogitsProcessing
+from minedraft.engine.sequence import SeqState
+
+VOCAB = 11
+
+
+def reference_row(logits: torch.Tensor, prompt: list[int], output: list[int], p: SamplingParams) -> torch.Tensor:
+    """The definitions, one position at a time, written without the module's tensors."""
+    x = logits.double().clone()
+    if p.allowed_token_ids:
+        keep = set(p.allowed_token_ids)
+        for t in range(VOCAB):
+            if t not in keep:
+                x[t] = float("-inf")
+    if len(output) < p.min_tokens:
+        for t in p.stop_token_ids:
+            x[t] = float("-inf")
+    for t, b in p.logit_bias.items():
+        x[t] += b
+    for t in set(prompt) | set(output):
+        x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty
+    for t in set(output):
+        x[t] -= p.frequency_penalty * output.count(t) + p.presence_penalty
+    return x
+
+
+def test_every_slot_sees_the_committed_output_and_the_drafts_before_it() -> None:
+    torch.manual_seed(0)
+    params = [
+        SamplingParams(repetition_penalty=1.3, frequency_penalty=0.7, presence_penalty=-0.4),
+        SamplingParams(),  # untouched row in the same batch
+        SamplingParams(logit_bias={2: 3.0, 5: -1.5}, min_tokens=5, stop_token_ids=[1, 4], frequency_penalty=2.0),
+        SamplingParams(allowed_token_ids=[0, 3, 6, 7], presence_penalty=1.0),
+    ]
+    prompts = [[3, 3, 5], [1, 2], [7, 8, 9], [6]]
+    outputs = [[5, 2, 2], [4], [2], []]
+    drafts = torch.tensor([[2, 2, 9], [0, 1, 2], [1, 2, 2], [7, 7, 3]])
+    states = [SeqState(i, pr + out, p, cached=len(pr + out) - 1, prompt_len=len(pr))
+              for i, (pr, out, p) in enumerate(zip(prompts, outputs, params, strict=True))]
+    logits = torch.randn(4, 4, VOCAB) * 3
+    processing = LogitsProcessing(VOCAB, torch.device("cpu"))
+    got = processing.apply(logits, states, drafts)
+    for b in range(4):
+        for slot in range(4):
+            history = outputs[b] + drafts[b, :slot].tolist()
+            expected = reference_row(logits[b, slot], prompts[b], history, params[b])
+            assert torch.allclose(got[b, slot].double(), expected, atol=1e-5), (b, slot)
+    assert torch.equal(got[1], logits[1])
+
+
+def test_min_tokens_masks_stop_ids_exactly_while_the_output_is_short() -> None:
+    """Committed output of 2 tokens, min_tokens 4: slots 0 and 1 (2 and 3 tokens before them) cannot stop,
+    slot 2 (4 before it) and later can, whatever the drafts at those slots are."""
+    p = SamplingParams(min_tokens=4, stop_token_ids=[1])
+    st = SeqState(0, [5, 6, 8, 9], p, cached=3, prompt_len=2)
+    logits = torch.zeros(1, 4, VOCAB)
+    got = LogitsProcessing(VOCAB, torch.device("cpu")).apply(logits, [st], torch.tensor([[1, 1, 1]]))
+    assert got[0, :, 1].tolist() == [float("-inf"), float("-inf"), 0.0, 0.0]
+    assert torch.isfinite(got[0, :, [0, *range(2, VOCAB)]]).all()
+
+
+def test_histories_follow_commits_and_are_forgotten_with_the_sequence() -> None:
+    p = SamplingParams(frequency_penalty=1.0)
+    st = SeqState(3, [4, 4], p, cached=1, prompt_len=2)
+    processing = LogitsProcessing(VOCAB, torch.device("cpu"))
+    processing.apply(torch.zeros(1, 1, VOCAB), [st], torch.zeros((1, 0), dtype=torch.long))
+    st.tokens += [4, 6, 6]  # a verdict committed three tokens
+    out = processing.apply(torch.zeros(1, 1, VOCAB), [st], torch.zeros((1, 0), dtype=torch.long))
+    assert out[0, 0, 4].item() == -1.0 and out[0, 0, 6].item() == -2.0  # prompt tokens are not counted
+    processing.forget(3)
+    assert not processing.histories and not processing.tables
