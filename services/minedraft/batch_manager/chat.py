@@ -1,14 +1,16 @@
 """Chat messages -> prompt token ids, the way Hugging Face's apply_chat_template does it.
 
-A model folder's tokenizer_config.json `chat_template` is a Jinja2 template rendered in a
-sandbox with `messages`, `add_generation_prompt=True` and the special tokens; the text is
-then encoded without adding special tokens, since the template writes them itself.
-Models without a template (base models) get a plain "role: content" transcript.
+A model folder's tokenizer_config.json `chat_template` (or the request's own) is a Jinja2 template rendered
+in a sandbox with `messages`, `add_generation_prompt`, the special tokens and the request's
+chat_template_kwargs; the text is then encoded without adding special tokens, since the template writes them
+itself. continue_final_message cuts the text after the last message's content. Models without a template
+(base models) get a plain "role: content" transcript.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -93,25 +95,79 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return result
 
 
-def plain_prompt(messages: list[dict[str, Any]]) -> str:
-    lines = [f"{m['role']}: {m['content']}\n" for m in messages]
-    return "".join(lines) + "assistant:"
+@dataclass(frozen=True, slots=True)
+class RenderOptions:
+    """How a conversation becomes a prompt (transformers' apply_chat_template arguments)."""
+
+    add_generation_prompt: bool = True  # open the assistant's turn
+    continue_final_message: bool = False  # end the prompt inside the last message, for the model to go on
+    template: str | None = None  # the request's own template (vLLM's chat_template); None: the model's
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # more variables (e.g. enable_thinking)
+    documents: list[dict[str, str]] | None = None
+    add_special_tokens: bool | None = None  # None: only without a template (a template writes its own)
 
 
-def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage]) -> str:
-    """The prompt text for `messages` with the assistant's turn opened."""
-    dicts = message_dicts(messages)
-    source = chat_template(tokenizer)
-    if source is None:
-        return plain_prompt(dicts)
-    template = compile_template(source)  # a broken template is a server fault (500), not a bad request
+def plain_prompt(messages: list[dict[str, Any]], options: RenderOptions | None = None) -> str:
+    """A "role: content" transcript for models without a template."""
+    options = options or RenderOptions()
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    if options.continue_final_message:
+        return text.removesuffix("\n")
+    return text + "assistant:" if options.add_generation_prompt else text
+
+
+def cut_after_final_message(rendered: str, messages: list[dict[str, Any]]) -> str:
+    """continue_final_message: the rendered text up to the end of the last message's content (whatever the
+    template writes after it, such as an end-of-turn token, is dropped), as transformers does."""
+    final = messages[-1]["content"] if messages else ""
+    for needle in (final, final.strip()):
+        at = rendered.rfind(needle) if needle else -1
+        if at >= 0:
+            return rendered[: at + len(needle)]
+    raise InvalidRequestError("continue_final_message: the chat template does not write the last message's "
+                              "content as it is, so the prompt cannot end inside it", param="continue_final_message")
+
+
+def _compiled(tokenizer: Tokenizer, options: RenderOptions) -> jinja2.Template | None:
+    """The request's template (a broken one is the client's error) or the model's (a broken one is a server
+    fault: 500); None: no template."""
+    if options.template is None:
+        source = chat_template(tokenizer)
+        return None if source is None else compile_template(source)
     try:
-        return template.render(messages=dicts, add_generation_prompt=True, **special_tokens(tokenizer))
+        return compile_template(options.template)
+    except jinja2.TemplateError as exc:
+        raise InvalidRequestError(f"chat_template does not compile: {exc}", param="chat_template") from exc
+
+
+def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage], options: RenderOptions | None = None) -> str:
+    """The prompt text for `messages`: the assistant's turn opened, or the last message left open."""
+    options = options or RenderOptions()
+    dicts = message_dicts(messages)
+    template = _compiled(tokenizer, options)
+    if template is None:
+        return plain_prompt(dicts, options)
+    context = {**special_tokens(tokenizer), **options.template_kwargs, "messages": dicts,
+               "add_generation_prompt": options.add_generation_prompt}
+    if options.documents is not None:
+        context["documents"] = options.documents
+    try:
+        rendered = template.render(**context)
     except jinja2.TemplateError as exc:  # raise_exception() in templates reports bad conversations
         raise InvalidRequestError(f"messages: the model's chat template rejected them: {exc}",
                                   param="messages") from exc
+    return cut_after_final_message(rendered, dicts) if options.continue_final_message else rendered
 
 
-def chat_prompt_ids(tokenizer: Tokenizer, messages: list[ChatMessage]) -> list[int]:
-    text = render_chat(tokenizer, messages)
-    return tokenizer.encode(text, add_special_tokens=chat_template(tokenizer) is None)
+def uses_special_tokens(tokenizer: Tokenizer, options: RenderOptions) -> bool:
+    """Whether the rendered text is encoded with the tokenizer's special tokens added."""
+    if options.add_special_tokens is not None:
+        return options.add_special_tokens
+    return (options.template or chat_template(tokenizer)) is None
+
+
+def chat_prompt_ids(tokenizer: Tokenizer, messages: list[ChatMessage], options: RenderOptions | None = None
+                    ) -> list[int]:
+    options = options or RenderOptions()
+    text = render_chat(tokenizer, messages, options)
+    return tokenizer.encode(text, add_special_tokens=uses_special_tokens(tokenizer, options))

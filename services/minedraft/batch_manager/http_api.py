@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,28 +33,24 @@ from minedraft.batch_manager.backend import (
     RetryLaterError,
     UnavailableError,
 )
+from minedraft.batch_manager.chat import RenderOptions
+from minedraft.batch_manager.choice_output import OutputOptions, PromptInfo
+from minedraft.batch_manager.fan_out import FanOut, Generation, best_candidates, plan_generations
 from minedraft.batch_manager.http_guards import DEFAULT_MAX_REQUEST_BYTES, ApiKeyGuard, BodyLimit, BodyTooLargeError
 from minedraft.batch_manager.http_streams import (
     ClientDisconnectedError,
+    StreamSettings,
     chat_body,
     chat_events,
-    collect,
     completion_body,
     completion_events,
-    open_stream,
     race_disconnect,
     sse_response,
 )
-from minedraft.batch_manager.openai_models import (
-    DEFAULT_COMPLETION_MAX_TOKENS,
-    ChatCompletionRequest,
-    CompletionRequest,
-    ErrorDetail,
-    ErrorResponse,
-    ModelCard,
-    ModelList,
-)
-from minedraft.batch_manager.prompt_ids import chat_ids, encode_prompt
+from minedraft.batch_manager.openai_logprobs import TokenNames
+from minedraft.batch_manager.openai_models import ChatCompletionRequest, CompletionRequest
+from minedraft.batch_manager.openai_responses import ErrorDetail, ErrorResponse, ModelCard, ModelList
+from minedraft.batch_manager.prompt_ids import chat_ids, encode_prompt, keep_last
 from minedraft.batch_manager.request_tracing import traced_stream
 from minedraft.core.errors import InvalidRequestError
 from minedraft.observability.tracing import RequestTracer
@@ -146,8 +144,22 @@ def install_error_handlers(app: FastAPI) -> None:
 
 # ----- app -----
 
-EventsFn = Callable[[AsyncIterator[GenerationChunk], str, str, bool], AsyncIterator[str]]
-BodyFn = Callable[[str, str, list[GenerationChunk]], BaseModel]
+EventsFn = Callable[[AsyncIterator[tuple[int, GenerationChunk]], OutputOptions, StreamSettings], AsyncIterator[str]]
+BodyFn = Callable[[StreamSettings, OutputOptions, list[list[GenerationChunk]]], BaseModel]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """What differs between /v1/completions and /v1/chat/completions."""
+
+    operation: str  # gen_ai.operation.name
+    id_prefix: str
+    events: EventsFn
+    build: BodyFn
+
+
+COMPLETIONS = Endpoint("text_completion", "cmpl", completion_events, completion_body)
+CHAT = Endpoint("chat", "chatcmpl", chat_events, chat_body)
 
 
 class OpenAIServer:
@@ -166,52 +178,82 @@ class OpenAIServer:
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         self.check_model(body.model)
         body.check_supported()
-        prompt = body.single_prompt()
-        ids = (await encode_prompt(self.backend.tokenizer, prompt, self.backend.max_context) if isinstance(prompt, str)
-               else list(prompt))
-        max_tokens = DEFAULT_COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-        return await self._serve(request, body, ids, max_tokens, "text_completion", "cmpl", completion_events,
-                                 completion_body)
+        prompts = await completion_prompts(self.backend, body)
+        options = OutputOptions(TokenNames(self.backend.tokenizer, bool(body.return_tokens_as_token_ids)), prompts,
+                                body.choices_per_prompt, body.logprobs, body.prompt_logprobs, bool(body.echo),
+                                body.echo_only)
+        return await self._serve(request, body, COMPLETIONS, body.resolved_max_tokens(), options, body.candidates)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         self.check_model(body.model)
         body.check_supported()
-        ids = await chat_ids(self.backend.tokenizer, body.messages, self.backend.max_context)
+        ids = keep_last(await chat_ids(self.backend.tokenizer, body.messages, self.backend.max_context,
+                                       render_options(body)), body.keep_prompt_tokens(self.backend.max_context))
         max_tokens = body.requested_max_tokens
         if max_tokens is None:  # OpenAI: as much as the context allows
             max_tokens = max(1, self.backend.max_context - len(ids))
-        return await self._serve(request, body, ids, max_tokens, "chat", "chatcmpl", chat_events, chat_body)
+        top_n = (body.top_logprobs or 0) if body.logprobs else None
+        options = OutputOptions(TokenNames(self.backend.tokenizer, bool(body.return_tokens_as_token_ids)),
+                                [PromptInfo(ids, body.echo_text)], body.choices_per_prompt, top_n,
+                                body.prompt_logprobs)
+        return await self._serve(request, body, CHAT, max_tokens, options, body.choices_per_prompt)
 
-    async def _serve(
-        self,
-        request: Request,
-        body: CompletionRequest | ChatCompletionRequest,
-        ids: list[int],
-        max_tokens: int,
-        operation: str,  # gen_ai.operation.name
-        id_prefix: str,
-        events: EventsFn,
-        build: BodyFn,
-    ) -> Response:
-        request_id = f"{id_prefix}-{uuid.uuid4().hex}"
-        model = self.backend.model_name
+    async def _serve(self, request: Request, body: CompletionRequest | ChatCompletionRequest, endpoint: Endpoint,
+                     max_tokens: int, options: OutputOptions, candidates: int) -> Response:
+        """Run the request's generations (prompts x candidates) and answer with a stream or one body."""
+        request_id = f"{endpoint.id_prefix}-{body.request_id or uuid.uuid4().hex}"
+        settings = StreamSettings(request_id, self.backend.model_name, body.wants_usage_in_stream,
+                                  body.wants_continuous_usage)
         params = body.sampling_params(max_tokens)
+        generations = plan_generations(request_id, [p.ids for p in options.prompts], params, candidates,
+                                       rank_by_logprob=candidates > options.per_prompt)
         deadline = None if body.timeout is None else asyncio.get_running_loop().time() + body.timeout
+
+        def traced(g: Generation, stream: AsyncIterator[GenerationChunk]) -> AsyncIterator[GenerationChunk]:
+            return traced_stream(stream, self.tracer, endpoint.operation, lambda: request.headers, g.request_id,
+                                 g.params)
+
         # A stream past its deadline ends with an "abort" chunk; a request with nothing sent by then is a 408.
-        stream = traced_stream(self.backend.generate(ids, params, request_id, deadline if body.stream else None,
-                                                     partial=body.stream),
-                               self.tracer, operation, lambda: request.headers, request_id, params)
+        fan: FanOut | None = None
         try:
             async with asyncio.timeout_at(deadline):
-                chunks = await open_stream(request, stream)
+                fan = await FanOut.open(request, self.backend, generations, deadline if body.stream else None,
+                                        bool(body.stream), traced)
                 if not body.stream:
-                    collected = await race_disconnect(request, collect(chunks))
+                    collected = await race_disconnect(request, fan.collect())
         except TimeoutError:
             raise RequestTimeoutError(f"the request's timeout of {body.timeout:g} s passed before it was done; "
                                       "raise `timeout` or lower max_tokens") from None
+        finally:
+            if fan is not None and not body.stream:
+                await fan.aclose()
         if body.stream:
-            return sse_response(events(chunks, request_id, model, body.wants_usage_in_stream))
-        return JSONResponse(build(request_id, model, collected).model_dump())
+            assert fan is not None
+            return sse_response(endpoint.events(fan.merged(), options, settings), on_close=fan.aclose)
+        choices = best_candidates(collected, candidates, options.per_prompt)
+        return JSONResponse(endpoint.build(settings, options, choices).model_dump())
+
+
+async def completion_prompts(backend: GenerationBackend, body: CompletionRequest) -> list[PromptInfo]:
+    """Each prompt's token ids (the last truncate_prompt_tokens of them) and its echo text."""
+    keep = body.keep_prompt_tokens(backend.max_context)
+    limit = backend.max_context if keep is None else sys.maxsize  # truncation makes a longer text fine
+    out = []
+    for prompt in body.prompts():
+        ids = (await encode_prompt(backend.tokenizer, prompt, limit, body.add_special_tokens is not False)
+               if isinstance(prompt, str) else list(prompt))
+        kept = keep_last(ids, keep)
+        echo = ""
+        if body.echo:
+            echo = prompt if isinstance(prompt, str) and kept is ids else backend.tokenizer.decode(
+                kept, skip_special_tokens=body.skip_special_tokens is not False)
+        out.append(PromptInfo(kept, echo))
+    return out
+
+
+def render_options(body: ChatCompletionRequest) -> RenderOptions:
+    return RenderOptions(body.add_generation_prompt, body.continue_final_message, body.chat_template,
+                         dict(body.chat_template_kwargs or {}), body.documents, body.add_special_tokens)
 
 
 def install_health_route(app: FastAPI, backend: GenerationBackend) -> None:

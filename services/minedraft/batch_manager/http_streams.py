@@ -1,16 +1,18 @@
-"""Streaming pieces of the OpenAI HTTP API: backend chunks to server-sent events or one body.
+"""Streaming pieces of the OpenAI HTTP API: generations' chunks to server-sent events or one body.
 
-Every request opens its backend stream and waits for the first chunk before answering (so
-errors become proper status codes); a client that leaves closes the backend stream, which
-aborts the request and frees its KV cache, while waiting and mid-stream alike.
+Every request opens its backend streams and waits for their first chunks before answering (fan_out.py, so
+errors become proper status codes); a client that leaves closes them, which aborts the generations and frees
+their KV cache, while waiting and mid-stream alike. With several choices (batch prompts, n > 1) the chunks of
+all choices are interleaved as they come, each event naming its choice's `index`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -18,12 +20,14 @@ from pydantic import BaseModel
 from starlette.types import Send
 
 from minedraft.batch_manager.backend import GenerationChunk
-from minedraft.batch_manager.openai_models import (
+from minedraft.batch_manager.choice_output import ChoiceState, OutputOptions, join_chat_logprobs, join_completion
+from minedraft.batch_manager.openai_responses import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
     ChatDelta,
+    ChatLogprobs,
     ChatMessageOut,
     CompletionChoice,
     CompletionResponse,
@@ -63,42 +67,21 @@ async def race_disconnect(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-async def open_stream(request: Request, stream: AsyncIterator[GenerationChunk]) -> AsyncIterator[GenerationChunk]:
-    """Start a request's backend stream and wait for its first chunk, so errors surface before any
-    response is sent. Returns the whole stream (first chunk included) up to the finishing chunk.
-    """
-    try:
-        first = await race_disconnect(request, anext(stream))
-    except BaseException:
-        await stream.aclose()  # type: ignore[attr-defined]
-        raise
-    return _chunks_from(first, stream)
-
-
-async def _chunks_from(
-    first: GenerationChunk, stream: AsyncIterator[GenerationChunk]
-) -> AsyncIterator[GenerationChunk]:
-    async with aclosing(stream):  # type: ignore[type-var]
-        chunk = first
-        yield chunk
-        while chunk.finish_reason is None:
-            chunk = await anext(stream)
-            yield chunk
-
-
-async def collect(chunks: AsyncIterator[GenerationChunk]) -> list[GenerationChunk]:
-    async with aclosing(chunks):  # type: ignore[type-var]
-        return [chunk async for chunk in chunks]
-
-
 class ClosingStreamingResponse(StreamingResponse):
-    """Closes the body generator even when a disconnect cancels the send loop mid-stream."""
+    """Closes the body generator even when a disconnect cancels the send loop mid-stream, and then calls
+    `on_close` (which closes the generations even if the body never started, so could not close them)."""
+
+    def __init__(self, *args: Any, on_close: Callable[[], Awaitable[None]] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_close = on_close
 
     async def stream_response(self, send: Send) -> None:
         try:
             await super().stream_response(send)
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            if self.on_close is not None:
+                await self.on_close()
 
 
 async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
@@ -112,60 +95,105 @@ async def guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
             yield "data: [DONE]\n\n"
 
 
-def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+def sse_response(events: AsyncIterator[str], on_close: Callable[[], Awaitable[None]] | None = None
+                 ) -> StreamingResponse:
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return ClosingStreamingResponse(guarded(events), media_type="text/event-stream", headers=headers)
+    return ClosingStreamingResponse(guarded(events), media_type="text/event-stream", headers=headers,
+                                    on_close=on_close)
 
 
-async def completion_events(
-    chunks: AsyncIterator[GenerationChunk], request_id: str, model: str, include_usage: bool
-) -> AsyncIterator[str]:
-    last: GenerationChunk | None = None
+
+
+Indexed = AsyncIterator[tuple[int, GenerationChunk]]  # (choice index, chunk), as FanOut.merged gives them
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    request_id: str
+    model: str
+    include_usage: bool = False
+    continuous_usage: bool = False  # vLLM: every chunk carries its choice's usage so far
+
+
+def _totals(states: dict[int, ChoiceState], options: OutputOptions) -> UsageInfo:
+    prompts = {i // options.per_prompt: s.prompt_tokens for i, s in sorted(states.items())}
+    return options.usage(prompts, {i: s.completion_tokens for i, s in states.items()})
+
+
+async def completion_events(chunks: Indexed, options: OutputOptions, settings: StreamSettings
+                            ) -> AsyncIterator[str]:
+    states: dict[int, ChoiceState] = {}
+
+    def event(choices: list[CompletionChoice], usage: UsageInfo | None = None) -> str:
+        return sse(CompletionResponse(id=settings.request_id, model=settings.model, choices=choices, usage=usage))
+
     async with aclosing(chunks):  # type: ignore[type-var]
-        async for chunk in chunks:
-            last = chunk
-            if chunk.text or chunk.finish_reason:
-                choice = CompletionChoice(text=chunk.text, finish_reason=chunk.finish_reason)
-                yield sse(CompletionResponse(id=request_id, model=model, choices=[choice]))
-    if include_usage and last is not None:
-        usage = UsageInfo.of(last.prompt_tokens, last.completion_tokens)
-        yield sse(CompletionResponse(id=request_id, model=model, choices=[], usage=usage))
+        async for i, chunk in chunks:
+            state = states.setdefault(i, ChoiceState.of(options, i))
+            choice = state.completion_piece(chunk, i)
+            if choice.text or choice.finish_reason or choice.prompt_logprobs or (choice.logprobs and
+                                                                                  choice.logprobs.tokens):
+                usage = UsageInfo.of(state.prompt_tokens, state.completion_tokens) if settings.continuous_usage \
+                    else None
+                yield event([choice], usage)
+    if settings.include_usage and states:
+        yield event([], _totals(states, options))
     yield "data: [DONE]\n\n"
 
 
-async def chat_events(
-    chunks: AsyncIterator[GenerationChunk], request_id: str, model: str, include_usage: bool
-) -> AsyncIterator[str]:
-    def event(delta: ChatDelta, finish_reason: str | None = None) -> str:
-        choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
-        return sse(ChatCompletionChunk(id=request_id, model=model, choices=[choice]))
+async def chat_events(chunks: Indexed, options: OutputOptions, settings: StreamSettings) -> AsyncIterator[str]:
+    states: dict[int, ChoiceState] = {}
 
-    last: GenerationChunk | None = None
-    yield event(ChatDelta(role="assistant", content=""))
+    def event(i: int, delta: ChatDelta, logprobs: ChatLogprobs | None = None, finish_reason: str | None = None
+              ) -> str:
+        state = states[i]
+        usage = UsageInfo.of(state.prompt_tokens, state.completion_tokens) if settings.continuous_usage else None
+        choice = ChatChunkChoice(index=i, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
+        return sse(ChatCompletionChunk(id=settings.request_id, model=settings.model, choices=[choice], usage=usage))
+
     async with aclosing(chunks):  # type: ignore[type-var]
-        async for chunk in chunks:
-            last = chunk
-            if chunk.text:
-                yield event(ChatDelta(content=chunk.text))
-            if chunk.finish_reason:
-                yield event(ChatDelta(), chunk.finish_reason)
-    if include_usage and last is not None:
-        usage = UsageInfo.of(last.prompt_tokens, last.completion_tokens)
-        yield sse(ChatCompletionChunk(id=request_id, model=model, choices=[], usage=usage))
+        async for i, chunk in chunks:
+            if i not in states:
+                states[i] = ChoiceState.of(options, i)
+                yield event(i, ChatDelta(role="assistant", content=""))
+            state = states[i]
+            text = state.take(chunk)
+            logprobs = state.chat_logprobs(chunk)
+            if text or (logprobs and logprobs.content):
+                yield event(i, ChatDelta(content=text), logprobs)
+            if state.finish_reason is not None:
+                yield event(i, ChatDelta(), finish_reason=state.finish_reason)
+    if settings.include_usage and states:
+        yield sse(ChatCompletionChunk(id=settings.request_id, model=settings.model, choices=[],
+                                      usage=_totals(states, options)))
     yield "data: [DONE]\n\n"
 
 
-def completion_body(request_id: str, model: str, chunks: list[GenerationChunk]) -> CompletionResponse:
-    last = chunks[-1]
-    choice = CompletionChoice(text="".join(c.text for c in chunks), finish_reason=last.finish_reason)
-    usage = UsageInfo.of(last.prompt_tokens, last.completion_tokens)
-    return CompletionResponse(id=request_id, model=model, choices=[choice], usage=usage)
+def _choice_states(choices: Sequence[list[GenerationChunk]], options: OutputOptions) -> list[ChoiceState]:
+    return [ChoiceState.of(options, i) for i in range(len(choices))]
 
 
-def chat_body(request_id: str, model: str, chunks: list[GenerationChunk]) -> ChatCompletionResponse:
-    last = chunks[-1]
-    message = ChatMessageOut(content="".join(c.text for c in chunks))
-    usage = UsageInfo.of(last.prompt_tokens, last.completion_tokens)
-    return ChatCompletionResponse(
-        id=request_id, model=model, choices=[ChatChoice(message=message, finish_reason=last.finish_reason)], usage=usage
-    )
+def completion_body(settings: StreamSettings, options: OutputOptions, choices: Sequence[list[GenerationChunk]]
+                    ) -> CompletionResponse:
+    """`choices`: each choice's chunks, in choice order."""
+    states = _choice_states(choices, options)
+    out = [join_completion([state.completion_piece(c, i) for c in chunks], i)
+           for i, (state, chunks) in enumerate(zip(states, choices, strict=True))]
+    return CompletionResponse(id=settings.request_id, model=settings.model, choices=out,
+                              usage=_totals(dict(enumerate(states)), options))
+
+
+def chat_body(settings: StreamSettings, options: OutputOptions, choices: Sequence[list[GenerationChunk]]
+              ) -> ChatCompletionResponse:
+    states = _choice_states(choices, options)
+    out = []
+    for i, (state, chunks) in enumerate(zip(states, choices, strict=True)):
+        texts, logprobs = [], []
+        for chunk in chunks:
+            texts.append(state.take(chunk))
+            logprobs.append(state.chat_logprobs(chunk))
+        out.append(ChatChoice(index=i, message=ChatMessageOut(content="".join(texts)),
+                              logprobs=join_chat_logprobs(logprobs), finish_reason=state.finish_reason))
+    prompt_logprobs = states[0].prompt_logprobs if states else None
+    return ChatCompletionResponse(id=settings.request_id, model=settings.model, choices=out,
+                                  usage=_totals(dict(enumerate(states)), options), prompt_logprobs=prompt_logprobs)

@@ -1,23 +1,27 @@
-"""OpenAI-compatible request and response bodies (plus vLLM's sampling extras).
+"""OpenAI-compatible request bodies, with vLLM's extras, and how each maps onto SamplingParams.
 
-Requests forbid unknown fields, as OpenAI does, so a typo ("max_token") is a 400 that
-names the field instead of a silently ignored setting. Fields we know but cannot honour
-are accepted only at their neutral value (e.g. presence_penalty=0, n=1), because
-common clients send those defaults explicitly.
+Requests forbid unknown fields, as OpenAI does, so a typo ("max_token") is a 400 that names the field
+instead of a silently ignored setting. Every field OpenAI or vLLM documents for these endpoints is known:
+most are honoured; bookkeeping fields (user, metadata, store, ...) are accepted and change nothing; the few
+features not served (suffix, tools, structured outputs, beam search) are refused with a 400 naming the field
+unless they hold their neutral value, which common clients send explicitly.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from minedraft.core.codec import sampling_from_openai
 from minedraft.core.errors import InvalidRequestError
-from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.sampling_params import MAX_LOGPROBS, SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's legacy completions default
+MAX_CHOICES = 128  # n and best_of: candidates per prompt
+MAX_GENERATIONS = 1024  # prompts x candidates of one request
+
+Prompt = str | list[int]
 
 
 class _Request(BaseModel):
@@ -28,6 +32,11 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: StrictBool | None = False
+    continuous_usage_stats: StrictBool | None = False  # vLLM: usage on every chunk
+
+
+def _refuse(param: str, what: str) -> InvalidRequestError:
+    return InvalidRequestError(f"{param}: {what} not supported yet", param=param)
 
 
 class _SamplingRequest(_Request):
@@ -45,36 +54,90 @@ class _SamplingRequest(_Request):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    user: str | None = None  # OpenAI: an end-user id for abuse monitoring; accepted, unused
+    response_format: dict[str, Any] | None = None
     # vLLM extras
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
     ignore_eos: StrictBool | None = False
     stop_token_ids: list[int] | None = None
+    skip_special_tokens: StrictBool | None = None
+    spaces_between_special_tokens: StrictBool | None = None
+    include_stop_str_in_output: StrictBool | None = None
+    truncate_prompt_tokens: int | None = None
+    return_tokens_as_token_ids: StrictBool | None = False
+    priority: int | None = None
+    prompt_logprobs: int | None = None
+    allowed_token_ids: list[int] | None = None
+    logprobs_mode: str | None = None  # minedraft: vLLM's server-wide --logprobs-mode, per request
+    bad_words: list[str] | None = None
+    use_beam_search: StrictBool | None = False
+    length_penalty: float | None = None
+    add_special_tokens: StrictBool | None = None
+    request_id: str | None = None  # vLLM: the response's id (after its prefix) instead of a random one
     # minedraft extra: seconds the whole request may take; past it, 408 (nothing sent yet) or, once a
     # stream has started, a last chunk with finish_reason "abort".
     timeout: float | None = Field(default=None, gt=0)
 
     def check_supported(self) -> None:
-        """Reject features we do not implement, naming the field."""
-        if self.n not in (None, 1):
-            raise InvalidRequestError(f"n must be 1 (only n=1 is supported), got {self.n}", param="n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0):
-                raise InvalidRequestError(f"{name} is not supported; leave it unset or 0", param=name)
-        if self.logit_bias:
-            raise InvalidRequestError("logit_bias is not supported; leave it unset or empty", param="logit_bias")
+        """Reject what we do not implement or what contradicts itself, naming the field."""
+        if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
+            raise InvalidRequestError(f"n must be in [1, {MAX_CHOICES}], got {self.n}", param="n")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
+        if self.response_format not in (None, {"type": "text"}):
+            raise _refuse("response_format", "structured outputs (anything but {\"type\": \"text\"}) are")
+        if self.bad_words:
+            raise _refuse("bad_words", "bad_words is")
+        if self.use_beam_search:
+            raise _refuse("use_beam_search", "beam search is")
+        if self.length_penalty not in (None, 1.0):
+            raise _refuse("length_penalty", "length_penalty (a beam search setting) other than 1 is")
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1 \
+                and self.truncate_prompt_tokens != -1:
+            raise InvalidRequestError("truncate_prompt_tokens must be >= 1 (keep the last N prompt tokens) or -1 "
+                                      f"(the model's context), got {self.truncate_prompt_tokens}",
+                                      param="truncate_prompt_tokens")
+
+    @property
+    def choices_per_prompt(self) -> int:
+        return self.n or 1
 
     @property
     def wants_usage_in_stream(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def wants_continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+    def keep_prompt_tokens(self, max_context: int) -> int | None:
+        """How many prompt tokens truncation keeps (the last ones); None: all."""
+        if self.truncate_prompt_tokens is None:
+            return None
+        return max_context if self.truncate_prompt_tokens == -1 else self.truncate_prompt_tokens
+
+    def _logprob_fields(self) -> dict[str, Any]:
+        return {"prompt_logprobs": self.prompt_logprobs}
+
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         return sampling_from_openai(
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+            logit_bias=self.logit_bias, min_p=self.min_p, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens, allowed_token_ids=self.allowed_token_ids, logprobs_mode=self.logprobs_mode,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output, priority=self.priority,
+            **self._logprob_fields(),
         )
+
+
+def _is_ids(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
 class CompletionRequest(_SamplingRequest):
@@ -86,24 +149,53 @@ class CompletionRequest(_SamplingRequest):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
-            raise InvalidRequestError("echo is not supported", param="echo")
-        if self.logprobs is not None:
-            raise InvalidRequestError("logprobs is not supported", param="logprobs")
         if self.suffix:
-            raise InvalidRequestError("suffix is not supported", param="suffix")
-        if self.best_of not in (None, 1):
-            raise InvalidRequestError("best_of must be 1 (only n=1 is supported)", param="best_of")
+            raise _refuse("suffix", "suffix (insertion) is")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise InvalidRequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}",
+                                      param="logprobs")
+        if self.best_of is not None:
+            if not self.choices_per_prompt <= self.best_of <= MAX_CHOICES:
+                raise InvalidRequestError(f"best_of must be in [n={self.choices_per_prompt}, {MAX_CHOICES}], got "
+                                          f"{self.best_of}", param="best_of")
+            if self.stream and self.best_of > self.choices_per_prompt:
+                raise InvalidRequestError("best_of > n cannot be streamed (the best are known only at the end); "
+                                          "send stream=false", param="best_of")
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequestError("max_tokens must be >= 1 (0 is allowed only with echo=true)",
+                                      param="max_tokens")
+        if len(self.prompts()) * self.candidates > MAX_GENERATIONS:
+            raise InvalidRequestError(f"prompts x best_of (or n) is over {MAX_GENERATIONS} generations; split the "
+                                      "request", param="prompt")
 
-    def single_prompt(self) -> str | list[int]:
-        """The one prompt of the request: a string or token ids (a batch of one is unwrapped)."""
+    @property
+    def candidates(self) -> int:
+        """Generations per prompt: best_of when given, else n."""
+        return self.best_of or self.choices_per_prompt
+
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens=0: one token is generated and dropped (what evaluation harnesses expect)."""
+        return bool(self.echo) and self.max_tokens == 0
+
+    def prompts(self) -> list[Prompt]:
+        """The request's prompts: one string or token-id list, or a batch of them."""
         prompt = self.prompt
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            prompt = prompt[0]
-        if isinstance(prompt, str) or all(isinstance(t, int) for t in prompt):
-            return prompt  # type: ignore[return-value]
-        raise InvalidRequestError("prompt must be one string or one list of token ids; send one request per prompt",
+        if isinstance(prompt, str) or (_is_ids(prompt) and prompt):
+            return [prompt]
+        if prompt and (all(isinstance(p, str) for p in prompt) or all(_is_ids(p) for p in prompt)):
+            return list(prompt)  # type: ignore[arg-type]
+        raise InvalidRequestError("prompt must be a string, a list of token ids, or a non-empty list of either",
                                   param="prompt")
+
+    def _logprob_fields(self) -> dict[str, Any]:
+        echoed = self.logprobs if self.echo and self.prompt_logprobs is None else self.prompt_logprobs
+        return {"logprobs": self.logprobs, "prompt_logprobs": echoed}
+
+    def resolved_max_tokens(self) -> int:
+        if self.max_tokens is None:
+            return DEFAULT_COMPLETION_MAX_TOKENS
+        return 1 if self.echo_only else self.max_tokens
 
 
 class ContentPart(BaseModel):
@@ -121,128 +213,68 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
 
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text or "" for part in self.content)
+        return self.content or ""
+
 
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: StrictBool | None = False
     top_logprobs: int | None = None
+    # OpenAI bookkeeping and tool fields
+    metadata: dict[str, str] | None = None
+    store: StrictBool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+    parallel_tool_calls: StrictBool | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    # vLLM extras
+    echo: StrictBool | None = False
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.logprobs or self.top_logprobs is not None:
-            raise InvalidRequestError("logprobs is not supported", param="logprobs")
+        if self.top_logprobs is not None:
+            if not 0 <= self.top_logprobs <= MAX_LOGPROBS:
+                raise InvalidRequestError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}",
+                                          param="top_logprobs")
+            if not self.logprobs:
+                raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
+        if self.tools:
+            raise _refuse("tools", "tool calling is")
+        if self.functions:
+            raise _refuse("functions", "function calling is")
+        for name in ("tool_choice", "function_call"):
+            if getattr(self, name) not in (None, "none", "auto"):
+                raise _refuse(name, "tool calling is")
+        if self.add_generation_prompt and self.continue_final_message:
+            raise InvalidRequestError("continue_final_message and add_generation_prompt cannot both be true; set "
+                                      "add_generation_prompt=false to continue the last message",
+                                      param="continue_final_message")
+        if self.modalities not in (None, ["text"]):
+            raise _refuse("modalities", "output modalities other than text are")
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    @property
+    def echo_text(self) -> str:
+        """vLLM's chat echo: the last message's content, when it is the assistant's, starts every choice."""
+        last = self.messages[-1]
+        return last.text() if self.echo and last.role == "assistant" else ""
 
-# ----- responses -----
-
-
-def now() -> int:
-    return int(time.time())
-
-
-class UsageInfo(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-    @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
-        return cls(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        )
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class CompletionResponse(BaseModel):
-    """Both the whole response and, with stream=true, each chunk (OpenAI uses one shape)."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
-class ChatMessageOut(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: ChatMessageOut
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[ChatChoice]
-    usage: UsageInfo
-
-
-class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _drop_unset(self, handler: Any) -> dict[str, Any]:
-        """OpenAI omits absent delta keys; the final chunk's delta is {}."""
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChatDelta
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: UsageInfo | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=now)
-    owned_by: str = "minedraft"
-    max_model_len: int
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str = "invalid_request_error"
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorDetail
+    def _logprob_fields(self) -> dict[str, Any]:
+        return {"logprobs": (self.top_logprobs or 0) if self.logprobs else None,
+                "prompt_logprobs": self.prompt_logprobs}

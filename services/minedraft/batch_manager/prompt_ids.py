@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 
-from minedraft.batch_manager.chat import chat_prompt_ids, chat_template, render_chat
+from minedraft.batch_manager.chat import RenderOptions, chat_prompt_ids, render_chat, uses_special_tokens
 from minedraft.batch_manager.openai_models import ChatMessage
 from minedraft.core.errors import InvalidRequestError
 from minedraft.core.tokenizer import Tokenizer
@@ -45,11 +45,16 @@ async def encode_prompt(tokenizer: Tokenizer, text: str, max_context: int, add_s
                                                             add_special_tokens, param)
 
 
-async def chat_ids(tokenizer: Tokenizer, messages: list[ChatMessage], max_context: int) -> list[int]:
+async def chat_ids(tokenizer: Tokenizer, messages: list[ChatMessage], max_context: int,
+                   options: RenderOptions | None = None) -> list[int]:
     """The chat template rendered and encoded; off the event loop when the conversation is long."""
-    size = sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text or "") for p in m.content or [])
-               for m in messages)
-    if size < INLINE_CHARS:
-        return chat_prompt_ids(tokenizer, messages)
-    text = await asyncio.get_running_loop().run_in_executor(None, render_chat, tokenizer, messages)
-    return await encode_prompt(tokenizer, text, max_context, chat_template(tokenizer) is None, "messages")
+    options = options or RenderOptions()
+    if sum(len(m.text()) for m in messages) < INLINE_CHARS:
+        return chat_prompt_ids(tokenizer, messages, options)
+    text = await asyncio.get_running_loop().run_in_executor(None, render_chat, tokenizer, messages, options)
+    return await encode_prompt(tokenizer, text, max_context, uses_special_tokens(tokenizer, options), "messages")
+
+
+def keep_last(ids: list[int], keep: int | None) -> list[int]:
+    """truncate_prompt_tokens: the last `keep` tokens (None: all)."""
+    return ids if keep is None or len(ids) <= keep else ids[-keep:]
