@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from minedraft.batch_manager.backend import GenerationChunk, UnavailableError
 from minedraft.batch_manager.grpc_api import GrpcServer, build_grpc_server
+from minedraft.batch_manager.grpc_fan_out import FanOut
 from minedraft.core.codec import sampling_from_api
 from minedraft.core.logprobs import TokenLogprob
 from minedraft.core.sampling_params import SamplingParams
@@ -87,6 +88,14 @@ def test_every_field_maps_and_unset_is_the_core_default() -> None:
     assert (p.skip_special_tokens, p.spaces_between_special_tokens, p.include_stop_str_in_output) == (
         False, False, True)
     assert p.priority == -3
+
+
+def test_children_get_seeds_s_plus_i_and_logprobs_only_to_rank() -> None:
+    params = SamplingParams(seed=7, prompt_logprobs=1)
+    plain = FanOut.of(2, 0, streaming=True).child_params(params)
+    assert [(c.seed, c.logprobs, c.prompt_logprobs) for c in plain] == [(7, None, 1), (8, None, None)]
+    ranked = FanOut.of(1, 3, streaming=False).child_params(SamplingParams())
+    assert [(c.seed, c.logprobs) for c in ranked] == [(None, 0)] * 3 and params.seed == 7
 
 
 def test_stop_string_is_kept_with_include_stop_str_in_output(served: Server) -> None:

@@ -3,7 +3,9 @@
 Handlers await every step themselves (streaming uses `context.write`, not an async
 generator), so a client cancellation (or the client's deadline passing) arrives as
 CancelledError in our own frame and the `aclosing` block aborts the request on the spot
-instead of whenever the GC gets to it. With API keys every method but grpc.health.v1 needs
+instead of whenever the GC gets to it. A request for n choices (or best_of candidates) runs as that
+many backend requests sharing the prompt (grpc_fan_out.py); every one of them is closed when the call
+ends, however it ends. With API keys every method but grpc.health.v1 needs
 `authorization: Bearer <key>` metadata; messages are capped at the request size limit.
 """
 

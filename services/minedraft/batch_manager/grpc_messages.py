@@ -16,7 +16,8 @@ from minedraft.proto import generation_pb2 as pb
 
 
 class TokenText:
-    """Each token id decoded alone, special tokens included; cached, since alternatives repeat a lot."""
+    """Each token id decoded alone, special tokens included; cached (at most one entry per vocabulary id),
+    since the same alternatives come back token after token."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
