@@ -4,7 +4,8 @@ Each generation is its own backend request; those of one prompt share a `share_p
 id and the prompt's index), so a backend may compute the prompt's KV once. With a seed, candidate i of a prompt
 samples with seed + i (so n=3 seeded s equals three requests seeded s, s+1, s+2); without one, each draws its
 own. All are opened before the response starts (so any error is a proper status code) and end together:
-closing the merged stream, or the failure of one, closes (aborts) every other.
+closing the merged stream, or the failure of one, closes (aborts) every other (grpc_fan_out's interleaving,
+which knows no protocol).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from minedraft.batch_manager.backend import GenerationBackend, GenerationChunk
+from minedraft.batch_manager.grpc_fan_out import close_all, interleave
 from minedraft.batch_manager.http_streams import race_disconnect
 from minedraft.core.sampling_params import SamplingParams
 
@@ -102,35 +104,22 @@ class FanOut:
             firsts = await race_disconnect(request, first_chunks())
         except BaseException:
             await _settle(tasks)
-            await _close_all([*streams, *raw])
+            await close_all([*streams, *raw])
             raise
         return cls(streams, raw, firsts)
 
     async def aclose(self) -> None:
-        await _close_all([*self._streams, *self._raw])
+        await close_all([*self._streams, *self._raw])
 
     async def merged(self) -> AsyncIterator[tuple[int, GenerationChunk]]:
         """Every generation's chunks as they come, each with its generation's index, until all have finished.
         A generation's error is raised at once; closing this early or failing closes every stream."""
-        pending: dict[asyncio.Future[GenerationChunk], int] = {}
-
-        def follow(i: int, chunk: GenerationChunk) -> None:
-            if chunk.finish_reason is None:
-                pending[asyncio.ensure_future(anext(self._streams[i]))] = i
-
         try:
-            for i, first in enumerate(self._firsts):
-                yield i, first
-                follow(i, first)
-            while pending:
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in sorted(done, key=pending.__getitem__):
-                    i = pending.pop(task)
-                    chunk = task.result()
-                    yield i, chunk
-                    follow(i, chunk)
+            async with aclosing(interleave([_resumed(f, s) for f, s in zip(self._firsts, self._streams,
+                                                                           strict=True)])) as chunks:
+                async for item in chunks:
+                    yield item
         finally:
-            await _settle(list(pending))
             await self.aclose()
 
     async def collect(self) -> list[list[GenerationChunk]]:
@@ -142,13 +131,17 @@ class FanOut:
         return per_generation
 
 
+async def _resumed(first: GenerationChunk, stream: Chunks) -> Chunks:
+    """A stream whose first chunk was already read, whole again, up to its finishing chunk."""
+    yield first
+    chunk = first
+    while chunk.finish_reason is None:
+        chunk = await anext(stream)
+        yield chunk
+
+
 async def _settle(tasks: Sequence[asyncio.Future[GenerationChunk]]) -> None:
     """Cancel and await `tasks`, so no stream is still running one when it is closed."""
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _close_all(streams: Sequence[Chunks]) -> None:
-    for stream in streams:
-        await stream.aclose()  # type: ignore[attr-defined]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from minedraft.batch_manager.backend import (
     RetryLaterError,
     UnavailableError,
 )
-from minedraft.batch_manager.chat import RenderOptions
 from minedraft.batch_manager.choice_output import OutputOptions, PromptInfo
 from minedraft.batch_manager.fan_out import FanOut, Generation, best_candidates, plan_generations
 from minedraft.batch_manager.http_guards import DEFAULT_MAX_REQUEST_BYTES, ApiKeyGuard, BodyLimit, BodyTooLargeError
@@ -50,8 +48,9 @@ from minedraft.batch_manager.http_streams import (
 from minedraft.batch_manager.openai_logprobs import TokenNames
 from minedraft.batch_manager.openai_models import ChatCompletionRequest, CompletionRequest
 from minedraft.batch_manager.openai_responses import ErrorDetail, ErrorResponse, ModelCard, ModelList
-from minedraft.batch_manager.prompt_ids import chat_ids, encode_prompt, keep_last
+from minedraft.batch_manager.prompt_ids import chat_ids, completion_prompts, keep_last, render_options
 from minedraft.batch_manager.request_tracing import traced_stream
+from minedraft.batch_manager.tokenize_api import install_tokenize_routes
 from minedraft.core.errors import InvalidRequestError
 from minedraft.observability.tracing import RequestTracer
 
@@ -234,28 +233,6 @@ class OpenAIServer:
         return JSONResponse(endpoint.build(settings, options, choices).model_dump())
 
 
-async def completion_prompts(backend: GenerationBackend, body: CompletionRequest) -> list[PromptInfo]:
-    """Each prompt's token ids (the last truncate_prompt_tokens of them) and its echo text."""
-    keep = body.keep_prompt_tokens(backend.max_context)
-    limit = backend.max_context if keep is None else sys.maxsize  # truncation makes a longer text fine
-    out = []
-    for prompt in body.prompts():
-        ids = (await encode_prompt(backend.tokenizer, prompt, limit, body.add_special_tokens is not False)
-               if isinstance(prompt, str) else list(prompt))
-        kept = keep_last(ids, keep)
-        echo = ""
-        if body.echo:
-            echo = prompt if isinstance(prompt, str) and kept is ids else backend.tokenizer.decode(
-                kept, skip_special_tokens=body.skip_special_tokens is not False)
-        out.append(PromptInfo(kept, echo))
-    return out
-
-
-def render_options(body: ChatCompletionRequest) -> RenderOptions:
-    return RenderOptions(body.add_generation_prompt, body.continue_final_message, body.chat_template,
-                         dict(body.chat_template_kwargs or {}), body.documents, body.add_special_tokens)
-
-
 def install_health_route(app: FastAPI, backend: GenerationBackend) -> None:
     """GET /health (readiness): the backend's status (mode, batches, counters, draft link), 200 while
     it serves ("ok", or "degraded" with a reason while speculation is off because of a fault), 503
@@ -284,8 +261,9 @@ def install_metrics_route(app: FastAPI, registry: CollectorRegistry) -> None:
 def build_http_app(backend: GenerationBackend, serve_health: bool = True, tracer: RequestTracer | None = None,
                    metrics: CollectorRegistry | None = None, api_keys: ApiKeys | None = None,
                    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> FastAPI:
-    """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /metrics (with a registry)
-    and /health; with `api_keys`, every path but /health and /metrics needs one; bodies over
+    """The FastAPI app: /v1/completions, /v1/chat/completions, /v1/models, /tokenize, /detokenize,
+    /tokenizer_info, /metrics (with a registry) and /health; with `api_keys`, every path but /health and
+    /metrics needs one; bodies over
     `max_request_bytes` are refused with 413 before they are read."""
     app = FastAPI(title="minedraft", version=__version__)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
@@ -305,4 +283,5 @@ def build_http_app(backend: GenerationBackend, serve_health: bool = True, tracer
 
     app.add_api_route("/v1/completions", server.completions, methods=["POST"], response_model=None)
     app.add_api_route("/v1/chat/completions", server.chat_completions, methods=["POST"], response_model=None)
+    install_tokenize_routes(app, backend, server.check_model)
     return app

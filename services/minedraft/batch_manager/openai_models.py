@@ -24,13 +24,15 @@ MAX_GENERATIONS = 1024  # prompts x candidates of one request
 Prompt = str | list[int]
 
 
-class _Request(BaseModel):
+class StrictModel(BaseModel):
+    """A request body: unknown fields are an error."""
+
     # Flags must be JSON booleans ("yes" is an error, not true).
     # NaN and infinities (JSON's bare NaN/Infinity or strings like "NaN") are refused in every float field.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class StreamOptions(_Request):
+class StreamOptions(StrictModel):
     include_usage: StrictBool | None = False
     continuous_usage_stats: StrictBool | None = False  # vLLM: usage on every chunk
 
@@ -39,7 +41,7 @@ def _refuse(param: str, what: str) -> InvalidRequestError:
     return InvalidRequestError(f"{param}: {what} not supported yet", param=param)
 
 
-class _SamplingRequest(_Request):
+class _SamplingRequest(StrictModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None

@@ -12,9 +12,12 @@ bounds everything else.
 from __future__ import annotations
 
 import asyncio
+import sys
 
+from minedraft.batch_manager.backend import GenerationBackend
 from minedraft.batch_manager.chat import RenderOptions, chat_prompt_ids, render_chat, uses_special_tokens
-from minedraft.batch_manager.openai_models import ChatMessage
+from minedraft.batch_manager.choice_output import PromptInfo
+from minedraft.batch_manager.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest
 from minedraft.core.errors import InvalidRequestError
 from minedraft.core.tokenizer import Tokenizer
 
@@ -58,3 +61,25 @@ async def chat_ids(tokenizer: Tokenizer, messages: list[ChatMessage], max_contex
 def keep_last(ids: list[int], keep: int | None) -> list[int]:
     """truncate_prompt_tokens: the last `keep` tokens (None: all)."""
     return ids if keep is None or len(ids) <= keep else ids[-keep:]
+
+
+async def completion_prompts(backend: GenerationBackend, body: CompletionRequest) -> list[PromptInfo]:
+    """Each prompt's token ids (the last truncate_prompt_tokens of them) and its echo text."""
+    keep = body.keep_prompt_tokens(backend.max_context)
+    limit = backend.max_context if keep is None else sys.maxsize  # truncation makes a longer text fine
+    out = []
+    for prompt in body.prompts():
+        ids = (await encode_prompt(backend.tokenizer, prompt, limit, body.add_special_tokens is not False)
+               if isinstance(prompt, str) else list(prompt))
+        kept = keep_last(ids, keep)
+        echo = ""
+        if body.echo:
+            echo = prompt if isinstance(prompt, str) and kept is ids else backend.tokenizer.decode(
+                kept, skip_special_tokens=body.skip_special_tokens is not False)
+        out.append(PromptInfo(kept, echo))
+    return out
+
+
+def render_options(body: ChatCompletionRequest) -> RenderOptions:
+    return RenderOptions(body.add_generation_prompt, body.continue_final_message, body.chat_template,
+                         dict(body.chat_template_kwargs or {}), body.documents, body.add_special_tokens)
