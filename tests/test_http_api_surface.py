@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
+from tests.engine_backend import all_kv_free
 from tests.http_surface_support import Served, serve
 
 GREEDY = {"temperature": 0, "max_tokens": 8}
@@ -194,3 +196,34 @@ def test_neutral_chat_fields_are_accepted(served: Served) -> None:
     events = served.stream("/v1/chat/completions", messages=[{"role": "user", "content": "w5"}], **fields)
     assert events[-1]["usage"]["completion_tokens"] == 4
     assert all(e["usage"] is not None for e in events)  # continuous_usage_stats: on every chunk
+
+
+def test_logit_bias_and_allowed_token_ids_reach_the_sampler(served: Served) -> None:
+    forced = served.complete(prompt=PROMPT, logit_bias={"42": 100}, **GREEDY)
+    assert text_of(forced).split() == ["w42"] * 8
+    allowed = served.complete(prompt=PROMPT, allowed_token_ids=[30, 31], **GREEDY)
+    assert set(text_of(allowed).split()) <= {"w30", "w31"}
+
+
+def test_vllm_prompt_logprobs_field_has_vllms_shape(served: Served) -> None:
+    body = served.complete(prompt=[5, 6, 7], prompt_logprobs=2, **GREEDY)
+    first, *rest = body["choices"][0]["prompt_logprobs"]
+    assert first is None and len(rest) == 2
+    for token, ranked in zip([6, 7], rest, strict=True):
+        assert str(token) in ranked and 2 <= len(ranked) <= 3
+        assert {e["rank"] for e in ranked.values()} >= {1, 2}
+        assert ranked[str(token)]["decoded_token"] == f"w{token}"
+
+
+def test_a_client_leaving_a_streamed_n_aborts_every_choice(served: Served) -> None:
+    backend = served.backend
+    aborted = backend.status()["aborted"]
+    payload = {"model": "random", "prompt": "w5 w9", "max_tokens": 200, "ignore_eos": True, "stream": True, "n": 3,
+               "temperature": 1.0}
+    with served.client.stream("POST", "/v1/completions", json=payload) as reply:
+        next(line for line in reply.iter_lines() if line.startswith("data: "))
+        backend.pause()  # from here only the aborts can free the choices' blocks
+    try:
+        wait_until(lambda: backend.status()["aborted"] == aborted + 3 and all_kv_free(backend.status()))
+    finally:
+        backend.resume()

@@ -7,7 +7,7 @@ both carry the same text and logprobs. Choice i of a request belongs to prompt i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from minedraft.batch_manager.backend import GenerationChunk
 from minedraft.batch_manager.openai_logprobs import (
@@ -71,7 +71,6 @@ class ChoiceState:
     completion_tokens: int = 0
     prompt_logprobs: PromptLogprobs | None = None
     finish_reason: str | None = None
-    texts: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, options: OutputOptions, choice: int) -> ChoiceState:
@@ -91,7 +90,6 @@ class ChoiceState:
         self.completion_tokens = 0 if o.drop_output else chunk.completion_tokens
         if chunk.finish_reason is not None:
             self.finish_reason = FINISH_LENGTH if o.drop_output else chunk.finish_reason
-        self.texts.append(text)
         return text
 
     def output_entries(self, chunk: GenerationChunk) -> list[TokenLogprob] | None:

@@ -33,7 +33,7 @@ class TokenizeChat(StrictModel):
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
-    add_special_tokens: StrictBool = False
+    add_special_tokens: StrictBool | None = None  # None: as the chat endpoint encodes (only without a template)
     return_token_strs: StrictBool | None = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
