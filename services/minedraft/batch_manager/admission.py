@@ -5,12 +5,16 @@ request's worst case up front (which let a few long requests hold the whole cach
 short ones waited). Before every plan the batch manager bounds what each running sequence
 can occupy on either worker while that plan runs: its committed tokens, plus k+1 for every
 plan in flight that may have verified it, plus the k look-ahead slots of this plan. When the
-sum would not fit the cache, the newest sequences are preempted: they leave both workers and
-go back to the front of the queue with their output so far, to be recomputed from prompt +
-output when memory frees up (greedy output is unchanged; the tokens already streamed are
-not sent again). New requests start, in arrival order, while their prompt plus one step of
-growth for every running sequence fits. A request that could not fit the cache even alone is
-refused when it arrives; a full queue is refused with QueueFullError (429).
+sum would not fit the cache, the lowest-priority (highest `priority` number), newest sequences are
+preempted: they leave both workers and go back to the queue at their arrival place, to be
+recomputed from prompt + output when memory frees up (greedy output is unchanged; the tokens
+already streamed are not sent again). Requests start by (priority, arrival), vLLM's priority
+policy (all at the default priority: arrival order, preempted ones first), while their prompt
+plus one step of growth for every running sequence fits; n > 1 siblings wait in their place
+while one of them computes their shared prompt (siblings.py). Shared prompt blocks are counted as
+each sibling's own: a worker may not have shared them, so the bound stays safe. A request that
+could not fit the cache even alone is refused when it arrives; a full queue is refused with
+QueueFullError (429).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minedraft.batch_manager.backend import QueueFullError
+from minedraft.batch_manager.siblings import Siblings
 from minedraft.core.errors import InvalidRequestError
 from minedraft.core.request import Request
 from minedraft.core.sampling_params import SamplingParams
@@ -49,6 +54,11 @@ class AdmissionPlan:
     start: list[Request] = field(default_factory=list)
 
 
+def queue_key(req: Request) -> tuple[int, float]:
+    """Scheduling order: lower priority number first, then arrival (a preempted request keeps its own)."""
+    return req.params.priority, req.stats.started
+
+
 class Admission:
     """The waiting queue and the KV blocks the running sequences may occupy at the next step."""
 
@@ -58,6 +68,7 @@ class Admission:
         self.waiting: deque[Request] = deque()
         self.in_use = 0  # the bound at the last plan: blocks the running sequences may occupy
         self.preemptions = 0
+        self.siblings = Siblings()
         self._ids = itertools.count(1)
 
     def blocks_for(self, tokens: int) -> int:
@@ -71,8 +82,10 @@ class Admission:
         """A sequence id no worker has seen (a preempted request comes back under a new one)."""
         return next(self._ids)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, k: int, pipeline_depth: int) -> Request:
-        """Check a new request and queue it; raises InvalidRequestError or QueueFullError."""
+    def submit(self, prompt_ids: list[int], params: SamplingParams, k: int, pipeline_depth: int,
+               share_prompt: str | None = None) -> Request:
+        """Check a new request and queue it (`share_prompt`: its siblings' key); raises InvalidRequestError or
+        QueueFullError."""
         lim = self.limits
         validate_request(prompt_ids, params, lim.max_context, lim.vocab_size)
         if self.worst_case_blocks(len(prompt_ids), params.max_tokens, k, pipeline_depth) > lim.block_budget:
@@ -82,20 +95,31 @@ class Admission:
             raise QueueFullError(f"{len(self.waiting)} requests are already waiting; retry later")
         params.resolved_seed()
         req = Request(self.new_id(), list(prompt_ids), params)
-        self.waiting.append(req)
+        self._enqueue(req)
+        self.siblings.join(req, share_prompt)
         return req
+
+    def _enqueue(self, req: Request) -> None:
+        """Into the queue behind every request that goes before it (a scan from the back: arrivals are newest)."""
+        key = queue_key(req)
+        at = len(self.waiting)
+        while at > 0 and queue_key(self.waiting[at - 1]) > key:
+            at -= 1
+        self.waiting.insert(at, req)
 
     def plan(self, running: list[Request], in_flight: int, k: int, max_num_seqs: int) -> AdmissionPlan:
         """Who leaves and who starts so that the next plan fits the cache on both workers.
 
         `running` are the sequences in the batches, `in_flight` the plans the verifier has not
-        answered (each may have grown every sequence by k + 1 tokens unseen here).
+        answered (each may have grown every sequence by k + 1 tokens unseen here). Held siblings keep
+        their place in the queue while those behind them may start.
         """
+        self.siblings.refresh(running)
         growth = in_flight * (k + 1) + k
         held = {id(r): self.blocks_for(r.num_tokens + growth) for r in running}
         total = sum(held.values())
         out = AdmissionPlan()
-        by_age = sorted(running, key=lambda r: r.stats.started)
+        by_age = sorted(running, key=queue_key)
         while total > self.limits.block_budget and len(by_age) > 1:
             victim = by_age.pop()
             out.preempt.append(victim)
@@ -103,21 +127,29 @@ class Admission:
         if not out.preempt:  # a plan that preempts starts nothing: what left would come straight back
             step_growth = self.blocks_for(k + 1)
             count = len(running)
-            while self.waiting and count < max_num_seqs:
-                need = self.blocks_for(self.waiting[0].num_tokens + k)
+            at = 0
+            while at < len(self.waiting) and count < max_num_seqs:
+                req = self.waiting[at]
+                if self.siblings.held(req):
+                    at += 1
+                    continue
+                need = self.blocks_for(req.num_tokens + k)
                 headroom = (count + 1) * step_growth if count else 0
                 if total + need + headroom > self.limits.block_budget:
                     break
-                out.start.append(self.waiting.popleft())
+                del self.waiting[at]
+                self.siblings.starting(req)
+                out.start.append(req)
                 total += need
                 count += 1
         self.in_use = total
         return out
 
     def requeue(self, preempted: list[Request]) -> None:
-        """Preempted requests go back to the front of the queue, oldest first."""
-        for req in preempted:  # newest first, so the oldest ends up in front
-            self.waiting.appendleft(req)
+        """Preempted requests go back to the queue at their arrival place (ahead of later arrivals of their
+        priority)."""
+        for req in preempted:
+            self._enqueue(req)
         self.preemptions += len(preempted)
 
     def withdraw(self, req: Request) -> bool:

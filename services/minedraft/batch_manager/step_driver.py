@@ -126,7 +126,7 @@ class StepDriver:
             req.stats.admitted = time.perf_counter()
             self.observer.request_started(req)
         self.sched.add(req.req_id, req.num_tokens, req.params.max_tokens - len(req.output_ids))
-        return seq_spec(req, self.eos_ids)
+        return seq_spec(req, self.eos_ids, fork_of=self.admission.siblings.fork_source(req))
 
     def _preempt(self, req: Request) -> None:
         """Off both workers now (its KV is freed by the next plan); back in the queue under a new id."""
@@ -204,7 +204,7 @@ class StepDriver:
             raise UnavailableError("the server is shutting down; retry (on another replica)")
         if not self.serving:
             raise UnavailableError("the verifier is not connected (starting, or lost); retry shortly")
-        req = self.admission.submit(prompt_ids, params, self.config.k, self.config.pipeline_depth)
+        req = self.admission.submit(prompt_ids, params, self.config.k, self.config.pipeline_depth, share_prompt)
         queue = self.streams.open(req, partial)
         timer = None if deadline is None else asyncio.get_running_loop().call_at(deadline, self.abort, req, True)
         self._wake.set()

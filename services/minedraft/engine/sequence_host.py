@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.sampling import BatchSampling
 from minedraft.engine.sequence import SeqState
+
+log = logging.getLogger(__name__)
 
 
 class SequenceHost:
@@ -14,6 +18,7 @@ class SequenceHost:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
         self.seqs: dict[int, SeqState] = {}
+        self.shared_tokens = 0  # prompt positions forks took from a sibling instead of computing them
 
     @property
     def vocab_size(self) -> int:
@@ -27,6 +32,23 @@ class SequenceHost:
         params.resolved_seed()
         self.seqs[seq_id] = SeqState(seq_id, list(tokens), params, prompt_len=len(tokens) if prompt_len is None
                                      else prompt_len)
+
+    def fork(self, seq_id: int, parent_id: int, num_tokens: int) -> int:
+        """Right after `add`: let `seq_id` share the KV of its first `num_tokens` tokens (whole blocks, its last
+        token excluded) with `parent_id`, when the parent is here with those tokens cached and the same ones.
+        Returns the positions shared; 0 leaves the sequence to compute its prompt itself (still exact)."""
+        child, parent = self.seqs.get(seq_id), self.seqs.get(parent_id)
+        alloc = self.runner.allocator
+        if child is None or parent is None or child.cached or seq_id == parent_id or alloc.table(seq_id):
+            return 0
+        num_tokens = min(num_tokens, child.length)
+        span = (max(0, num_tokens - 1) // alloc.block_size) * alloc.block_size
+        if span == 0 or parent.cached < span or parent.tokens[:span] != child.tokens[:span]:
+            return 0
+        child.cached = alloc.share(parent_id, seq_id, num_tokens)
+        self.shared_tokens += child.cached
+        log.info("sequence %d shares %d prompt tokens of sequence %d's KV", seq_id, child.cached, parent_id)
+        return child.cached
 
     def remove(self, seq_id: int) -> None:
         """Forget a sequence and give its KV blocks back at once."""

@@ -8,12 +8,25 @@ from minedraft.proto import control_pb2
 
 
 def apply_membership(worker: SequenceHost, plan: control_pb2.StepPlan) -> None:
-    """Removals free KV at once; additions are computed lazily on their first step."""
+    """Removals free KV at once; additions are computed lazily on their first step. Additions that fork a
+    sibling's prompt go first, so a parent this plan removes still lends its blocks; a re-added sequence is
+    always removed before it is added again."""
+    forks = [spec for spec in plan.add if spec.HasField("fork_of")]
+    for spec in forks:
+        _add(worker, spec)
+        worker.fork(spec.seq_id, spec.fork_of, spec.fork_tokens)
+    forked = {spec.seq_id for spec in forks}
     for seq_id in plan.remove:
-        worker.remove(seq_id)
+        if seq_id not in forked:
+            worker.remove(seq_id)
     for spec in plan.add:
-        worker.remove(spec.seq_id)
-        worker.add(spec.seq_id, list(spec.tokens), sampling_from_spec(spec), spec.prompt_len or len(spec.tokens))
+        if not spec.HasField("fork_of"):
+            _add(worker, spec)
+
+
+def _add(worker: SequenceHost, spec: control_pb2.SeqSpec) -> None:
+    worker.remove(spec.seq_id)
+    worker.add(spec.seq_id, list(spec.tokens), sampling_from_spec(spec), spec.prompt_len or len(spec.tokens))
 
 
 def verify_ids(worker: SequenceHost, plan: control_pb2.StepPlan) -> list[int]:
