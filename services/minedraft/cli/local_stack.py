@@ -76,6 +76,8 @@ class StackConfig:
     tp_size: int = 1  # tensor-parallel ranks of the target; target_device may list one device per rank
     admin_port: int = 0  # the batch manager's admin API (loopback); 0 = a free port
     drain_grace_s: float = 25.0  # what the services get as MINEDRAFT_DRAIN_GRACE_S
+    api_key: str = ""  # the batch manager's accepted keys, comma-separated ("": none asked for)
+    api_key_file: str = ""  # ... and a file of them, one a line
     data_plane_backend: str = "gloo"
     log_dir: Path | None = None
     target_cpu: str = ""
@@ -120,9 +122,10 @@ class LocalStack:
         self.restarts: dict[str, Restarts] = {}
         self.exits: list[tuple[str, int]] = []  # every exit supervise() reaped, in order
 
-    def _spawn(self, name: str, args: list[str], module: str = "minedraft.cli.main") -> None:
+    def _spawn(self, name: str, args: list[str], module: str = "minedraft.cli.main",
+               env_extra: dict[str, str] | None = None) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "MINEDRAFT_DRAIN_GRACE_S": str(self.cfg.drain_grace_s),
-               **self.cfg.extra_env, **self.cfg.process_env.get(name, {})}
+               **self.cfg.extra_env, **(env_extra or {}), **self.cfg.process_env.get(name, {})}
         log = None
         if self.cfg.log_dir is not None:
             self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
@@ -152,16 +155,24 @@ class LocalStack:
                               "--num-blocks", str(c.num_blocks), "--cpu", c.draft_cpu, "--dtype", c.dtype],
                     c.worker_module)
 
-    def start_manager(self) -> None:
+    def manager_command(self) -> tuple[list[str], dict[str, str]]:
+        """The batch manager's arguments and the environment it gets beyond ours: an API key travels in the
+        environment (MINEDRAFT_API_KEY), never on a command line that any local user can list."""
         c = self.cfg
-        self._spawn("batch-manager", [
+        env = {"MINEDRAFT_API_KEY": c.api_key} if c.api_key else {}
+        keys_file = ["--api-key-file", c.api_key_file] if c.api_key_file else []
+        return [
             "batch-manager", "--tokenizer", c.tokenizer or c.target, "--host", c.host, "--grpc-port", str(c.grpc_port),
             "--http-port", str(c.http_port), "--mode", c.mode, "--k", str(c.k),
             "--max-num-seqs", str(c.max_num_seqs), "--data-plane-backend", c.data_plane_backend,
             "--admin-port", str(self.admin_port),
             "--verifier-address", f"127.0.0.1:{self.target_port}",
-            "--draft-address", f"127.0.0.1:{self.draft_port}" if c.mode != "ar" else "",
-        ])
+            "--draft-address", f"127.0.0.1:{self.draft_port}" if c.mode != "ar" else "", *keys_file,
+        ], env
+
+    def start_manager(self) -> None:
+        args, env = self.manager_command()
+        self._spawn("batch-manager", args, env_extra=env)
 
     def start(self, timeout: float = 120.0) -> None:
         self.start_verifier()

@@ -37,6 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker process")
     p.add_argument("--tp-size", type=int, default=1,
                    help="tensor-parallel ranks for the target; --target-device may list one device per rank")
+    p.add_argument("--api-key", default=env("API_KEY", ""),
+                   help="API keys the public APIs accept, comma-separated (Authorization: Bearer <key>); none = no "
+                        "check [MINEDRAFT_API_KEY]")
+    p.add_argument("--api-key-file", default=env("API_KEY_FILE", ""),
+                   help="file with one accepted API key per line [MINEDRAFT_API_KEY_FILE]")
     p.add_argument("--drain-grace-s", type=float, default=float(env("DRAIN_GRACE_S", str(DEFAULT_DRAIN_GRACE_S))),
                    help="on Ctrl-C / SIGTERM, seconds requests in flight may take to finish [MINEDRAFT_DRAIN_GRACE_S]")
     p.set_defaults(run=run)
@@ -47,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         target=args.target, draft=args.draft, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
         admin_port=args.admin_port, target_device=args.target_device, draft_device=args.draft_device,
         mode=args.mode, k=args.k, threads=args.threads, tp_size=args.tp_size, drain_grace_s=args.drain_grace_s,
+        api_key=args.api_key, api_key_file=args.api_key_file,
     ))
     stop = threading.Event()
 
