@@ -75,4 +75,4 @@ def test_histories_follow_commits_and_are_forgotten_with_the_sequence() -> None:
     out = processing.apply(torch.zeros(1, 1, VOCAB), [st], torch.zeros((1, 0), dtype=torch.long))
     assert out[0, 0, 4].item() == -1.0 and out[0, 0, 6].item() == -2.0  # prompt tokens are not counted
     processing.forget(3)
-    assert not processing.histories and not processing.tables
+    assert not processing.histories.slot and not processing.tables and processing.histories.free

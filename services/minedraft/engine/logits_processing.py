@@ -26,29 +26,63 @@ def processes(params: SamplingParams) -> bool:
     return bool(params.penalised or params.logit_bias or params.min_tokens or params.allowed_token_ids)
 
 
-class TokenHistory:
-    """A sequence's output-token counts and the set of tokens seen in prompt or output, kept on the device
-    and brought up to date from the committed tokens when a step needs them."""
+class TokenHistories:
+    """Every penalised sequence's output-token counts and the set of tokens seen in prompt or output: one row
+    each of two device tables, brought up to date from the committed tokens in one batched update per step
+    (a per-sequence update would cost a few kernel launches per row and step)."""
 
     def __init__(self, vocab_size: int, device: torch.device) -> None:
-        self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
-        self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-        self.upto = 0  # tokens of the sequence already counted
+        self.vocab_size = vocab_size
+        self.device = device
+        self.counts = torch.zeros((0, vocab_size), dtype=torch.float32, device=device)
+        self.seen = torch.zeros((0, vocab_size), dtype=torch.bool, device=device)
+        self.slot: dict[int, int] = {}  # sequence id -> its row
+        self.upto: dict[int, int] = {}  # sequence id -> tokens already counted
+        self.free: list[int] = []
 
-    def catch_up(self, st: SeqState) -> None:
-        if self.upto == st.length:
-            return
-        device = self.counts.device
-        if self.upto == 0:
-            self.seen[to_device(torch.tensor(st.tokens, dtype=torch.long), device)] = True
-            new = st.tokens[st.prompt_len:]
-        else:
-            new = st.tokens[self.upto:]
-            self.seen[to_device(torch.tensor(new, dtype=torch.long), device)] = True
-        if new:
-            ids = to_device(torch.tensor(new, dtype=torch.long), device)
-            self.counts.index_add_(0, ids, torch.ones(len(new), dtype=torch.float32, device=device))
-        self.upto = st.length
+    def forget(self, seq_id: int) -> None:
+        if seq_id in self.slot:
+            self.free.append(self.slot.pop(seq_id))
+            self.upto.pop(seq_id)
+
+    def _place(self, seq_id: int) -> int:
+        if not self.free:
+            grow = max(8, self.counts.shape[0])
+            self.free = list(range(self.counts.shape[0] + grow - 1, self.counts.shape[0] - 1, -1))
+            pad = (grow, self.vocab_size)
+            self.counts = torch.cat((self.counts, torch.zeros(pad, dtype=torch.float32, device=self.device)))
+            self.seen = torch.cat((self.seen, torch.zeros(pad, dtype=torch.bool, device=self.device)))
+        row = self.free.pop()
+        self.counts[row].zero_()
+        self.seen[row].zero_()
+        self.slot[seq_id], self.upto[seq_id] = row, 0
+        return row
+
+    def rows(self, states: list[SeqState]) -> torch.Tensor:
+        """The rows of `states`, counted up to their committed tokens."""
+        rows, seen_at, seen_ids, count_at, count_ids = [], [], [], [], []
+        for st in states:
+            row = self.slot.get(st.seq_id)
+            if row is None:
+                row = self._place(st.seq_id)
+            rows.append(row)
+            done = self.upto[st.seq_id]
+            if done < st.length:
+                new = st.tokens[done:]
+                seen_at += [row] * len(new)
+                seen_ids += new
+                output = st.tokens[max(done, st.prompt_len):]
+                count_at += [row] * len(output)
+                count_ids += output
+                self.upto[st.seq_id] = st.length
+        if seen_ids:
+            at = to_device(torch.tensor(seen_at, dtype=torch.long), self.device)
+            self.seen[at, to_device(torch.tensor(seen_ids, dtype=torch.long), self.device)] = True
+        if count_ids:
+            index = (to_device(torch.tensor(count_at, dtype=torch.long), self.device),
+                     to_device(torch.tensor(count_ids, dtype=torch.long), self.device))
+            self.counts.index_put_(index, torch.ones(len(count_ids), device=self.device), accumulate=True)
+        return to_device(torch.tensor(rows, dtype=torch.long), self.device)
 
 
 class RowTables:
@@ -83,11 +117,11 @@ class LogitsProcessing:
     def __init__(self, vocab_size: int, device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.device = device
-        self.histories: dict[int, TokenHistory] = {}
+        self.histories = TokenHistories(vocab_size, device)
         self.tables: dict[int, RowTables] = {}
 
     def forget(self, seq_id: int) -> None:
-        self.histories.pop(seq_id, None)
+        self.histories.forget(seq_id)
         self.tables.pop(seq_id, None)
 
     def _tables(self, st: SeqState) -> RowTables:
@@ -95,19 +129,14 @@ class LogitsProcessing:
             self.tables[st.seq_id] = RowTables(st.params, self.vocab_size, self.device)
         return self.tables[st.seq_id]
 
-    def _history(self, st: SeqState) -> TokenHistory:
-        if st.seq_id not in self.histories:
-            self.histories[st.seq_id] = TokenHistory(self.vocab_size, self.device)
-        history = self.histories[st.seq_id]
-        history.catch_up(st)
-        return history
-
     def apply(self, logits: torch.Tensor, states: list[SeqState], drafts: torch.Tensor) -> torch.Tensor:
         """logits [B, k+1, V] of rows `states` with drafts [B, k] -> processed float32 logits (the input itself
         when no row asks for processing)."""
         rows = [b for b, st in enumerate(states) if processes(st.params)]
         if not rows:
             return logits
+        if len(rows) == len(states):
+            return self._process(logits.float(), states, drafts)
         picked = [states[b] for b in rows]
         index = to_device(torch.tensor(rows, dtype=torch.long), self.device)
         sub = self._process(logits[index].float(), picked, drafts[index])
@@ -138,9 +167,9 @@ class LogitsProcessing:
         """Counts at slot i are the committed output's plus drafts[:i]'s."""
         rows, slots, vocab = logits.shape
         dev = logits.device
-        histories = [self._history(st) for st in states]
-        counts = torch.stack([h.counts for h in histories]).unsqueeze(1).expand(rows, slots, vocab)
-        seen = torch.stack([h.seen for h in histories]).unsqueeze(1)
+        at = self.histories.rows(states)
+        counts = self.histories.counts[at].unsqueeze(1).expand(rows, slots, vocab)
+        seen = self.histories.seen[at].unsqueeze(1)
         if slots > 1:
             drafted = torch.zeros((rows, slots, vocab), dtype=torch.float32, device=dev)
             drafted[:, 1:].scatter_(-1, drafts.to(dev).long().unsqueeze(-1), 1.0)
