@@ -32,8 +32,9 @@ from minedraft.batch_manager.request_streams import RequestStreams
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
 from minedraft.batch_manager.step_observer import StepObserver
 from minedraft.batch_manager.step_stats import Counters, cost_ms
+from minedraft.batch_manager.verdict_logprobs import VerdictLogprobs
 from minedraft.batch_manager.verifier_supervisor import VerifierSupervisor
-from minedraft.core.codec import logprobs_from_wire, seq_spec
+from minedraft.core.codec import seq_spec
 from minedraft.core.request import Request
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
@@ -171,11 +172,7 @@ class StepDriver:
         self.observer.verdicts(drafted, verdicts.accepted)
         now = time.perf_counter()
         offset = 0
-        logprobs = {msg.seq_id: msg for msg in verdicts.logprobs}
-        for msg in verdicts.prompt_logprobs:
-            req = self.requests.get(msg.seq_id)
-            if req is not None and req.prompt_logprobs is None:
-                req.prompt_logprobs = [None, *logprobs_from_wire(msg, req.prompt_ids[1:])]
+        logprobs = VerdictLogprobs(verdicts, self.requests)
         for seq_id, count, accepted in zip(verdicts.seq_ids, verdicts.counts, verdicts.accepted, strict=True):
             tokens = list(verdicts.tokens[offset : offset + count])
             offset += count
@@ -185,10 +182,7 @@ class StepDriver:
             req.stats.steps += 1
             req.stats.drafted += drafted
             req.stats.accepted += accepted
-            entries = logprobs_from_wire(logprobs[seq_id], tokens) if seq_id in logprobs else None
-            if req.params.wants_logprobs and entries is None:
-                raise RuntimeError(f"the verifier sent no logprobs for sequence {seq_id}, which asked for them")
-            kept = req.append_tokens(tokens, self.eos_ids, self.tokenizer, entries)
+            kept = req.append_tokens(tokens, self.eos_ids, self.tokenizer, logprobs.of(req, tokens))
             self.observer.tokens_verified(req, kept, req.stats.note_tokens(now, step) if kept else None)
             self.sched.progress(seq_id, count)
             self.streams.notify(req)
