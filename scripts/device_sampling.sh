@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# One device call: the CUDA engine tests, then what logprobs and penalties cost per step on the synthetic 8B pair.
-# Carry .whl (docs/benchmarks/gpu.md lists the wheels) and services/minedraft/proto; results under $OUT.
+# On a CUDA machine, from the repository root: the CUDA engine tests, then the cost of logprobs and penalties
+# per engine step on the synthetic 8B pair (bench/sampling_features.py). Needs the wheels docs/benchmarks/gpu.md
+# lists in .whl and the generated stubs in services/minedraft/proto; results go to $OUT (default ./device_out).
 set -u
+OUT="${OUT:-$PWD/device_out}"
+mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 3
 export PYTHONPATH="/tmp/site:$PWD/services:$PWD"

@@ -51,9 +51,11 @@ def sse_events(response: httpx.Response) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def serve(target: Path, max_num_seqs: int = 8) -> Iterator[Served]:
-    engine = engine_from_folders(target, None, "ar", block_size=4, num_blocks=512, max_num_seqs=max_num_seqs)
-    with EngineBackend(engine, model_name=MODEL, max_queue=64) as backend:
+def serve(target: Path, max_num_seqs: int = 8, num_blocks: int = 512, max_queue: int = 64,
+          timeout_s: float = 60) -> Iterator[Served]:
+    """The HTTP app over an in-process AR engine on `target`, on a free loopback port, with a client."""
+    engine = engine_from_folders(target, None, "ar", block_size=4, num_blocks=num_blocks, max_num_seqs=max_num_seqs)
+    with EngineBackend(engine, model_name=MODEL, max_queue=max_queue) as backend:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         server = uvicorn.Server(uvicorn.Config(build_http_app(backend), log_level="warning"))
@@ -61,7 +63,7 @@ def serve(target: Path, max_num_seqs: int = 8) -> Iterator[Served]:
         thread.start()
         wait_until(lambda: server.started)
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        with httpx.Client(base_url=url, timeout=60) as client:
+        with httpx.Client(base_url=url, timeout=timeout_s) as client:
             yield Served(backend, url, client)
         server.should_exit = True
         thread.join(10)

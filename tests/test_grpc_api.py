@@ -15,6 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from minedraft.batch_manager.backend import GenerationBackend
 from minedraft.batch_manager.grpc_api import SERVICE_NAME, GrpcServer, build_grpc_server
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.proto import _codegen
@@ -45,30 +46,34 @@ class LoopThread:
 
 
 @dataclass
-class Served:
-    backend: EngineBackend
-    channel: grpc.Channel
+class Server:
     stub: pb_grpc.GenerationStub
+    channel: grpc.Channel
+    backend: GenerationBackend
+
+
+def serve(loop: LoopThread, backend: GenerationBackend) -> Iterator[Server]:
+    """The gRPC server over `backend` on a free loopback port, with a stub, until the generator is closed."""
+    async def start() -> GrpcServer:
+        server = build_grpc_server(backend, "127.0.0.1", 0)
+        await server.start()
+        return server
+
+    server = loop.run(start())
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    yield Server(pb_grpc.GenerationStub(channel), channel, backend)
+    channel.close()
+    loop.run(server.stop(None))
 
 
 @pytest.fixture(scope="module")
-def served(random_pair: tuple[Path, Path]) -> Iterator[Served]:
+def served(random_pair: tuple[Path, Path]) -> Iterator[Server]:
     target, draft = random_pair
     engine = engine_from_folders(target, draft, "sd", k=3, block_size=4, num_blocks=256, max_num_seqs=2)
+    loop = LoopThread()
     with EngineBackend(engine, model_name="random", max_queue=1) as backend:
-        loop = LoopThread()
-
-        async def start() -> GrpcServer:
-            server = build_grpc_server(backend, "127.0.0.1", 0)
-            await server.start()
-            return server
-
-        server = loop.run(start())
-        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-        yield Served(backend, channel, pb_grpc.GenerationStub(channel))
-        channel.close()
-        loop.run(server.stop(None))
-        loop.stop()
+        yield from serve(loop, backend)
+    loop.stop()
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +94,7 @@ def request(prompt: str | list[int], request_id: str = "", **sampling: Any) -> p
     return pb.GenerateRequest(request_id=request_id, token_ids=pb.TokenIds(ids=prompt), sampling=params)
 
 
-def test_greedy_unary_equals_engine_generate(served: Served, reference: list[tuple[list[int], str]]) -> None:
+def test_greedy_unary_equals_engine_generate(served: Server, reference: list[tuple[list[int], str]]) -> None:
     for prompt, (ids, text) in zip(PROMPTS, reference, strict=True):
         response = served.stub.Generate(request(prompt, request_id="r1"))
         assert list(response.token_ids) == ids
@@ -99,7 +104,7 @@ def test_greedy_unary_equals_engine_generate(served: Served, reference: list[tup
         assert response.usage.completion_tokens == len(ids)
 
 
-def test_stream_concatenates_to_unary(served: Served) -> None:
+def test_stream_concatenates_to_unary(served: Server) -> None:
     for prompt in PROMPTS[:2]:
         unary = served.stub.Generate(request(prompt))
         chunks = list(served.stub.GenerateStream(request(prompt)))
@@ -111,7 +116,7 @@ def test_stream_concatenates_to_unary(served: Served) -> None:
         assert len({c.request_id for c in chunks}) == 1
 
 
-def test_unset_sampling_uses_documented_defaults(served: Served) -> None:
+def test_unset_sampling_uses_documented_defaults(served: Server) -> None:
     response = served.stub.Generate(pb.GenerateRequest(text="w5 w9", sampling=pb.SamplingParameters(seed=3)))
     assert response.usage.completion_tokens <= 16
     again = served.stub.Generate(pb.GenerateRequest(text="w5 w9", sampling=pb.SamplingParameters(seed=3)))
@@ -133,7 +138,7 @@ def test_unset_sampling_uses_documented_defaults(served: Served) -> None:
     ids=["temperature", "top_p", "top_k", "max_tokens", "empty", "no-prompt", "vocab", "context"],
 )
 def test_bad_requests_are_invalid_argument_and_server_keeps_serving(
-    served: Served, req: pb.GenerateRequest, field: str
+    served: Server, req: pb.GenerateRequest, field: str
 ) -> None:
     for call in (served.stub.Generate, lambda r: list(served.stub.GenerateStream(r))):
         with pytest.raises(grpc.RpcError) as info:
@@ -143,7 +148,7 @@ def test_bad_requests_are_invalid_argument_and_server_keeps_serving(
     assert served.stub.Generate(request("w5 w9", max_tokens=2)).usage.completion_tokens == 2
 
 
-def test_full_queue_is_resource_exhausted(served: Served) -> None:
+def test_full_queue_is_resource_exhausted(served: Server) -> None:
     """max_num_seqs=2 + max_queue=1: with the engine paused, the fourth request is refused."""
     backend = served.backend
     backend.pause()
@@ -158,7 +163,7 @@ def test_full_queue_is_resource_exhausted(served: Served) -> None:
     assert [f.result(timeout=30).usage.completion_tokens for f in futures] == [3, 3, 3]
 
 
-def test_cancelled_stream_aborts_and_frees_every_kv_block(served: Served) -> None:
+def test_cancelled_stream_aborts_and_frees_every_kv_block(served: Server) -> None:
     backend = served.backend
     aborted = backend.status()["aborted"]
     call = served.stub.GenerateStream(request("w5 w9 w13", max_tokens=250, ignore_eos=True))
@@ -175,14 +180,14 @@ def test_cancelled_stream_aborts_and_frees_every_kv_block(served: Served) -> Non
     assert served.stub.Generate(request("w5", max_tokens=2)).usage.completion_tokens == 2
 
 
-def test_health_reports_serving(served: Served) -> None:
+def test_health_reports_serving(served: Server) -> None:
     health = health_pb2_grpc.HealthStub(served.channel)
     for service in ("", SERVICE_NAME):
         response = health.Check(health_pb2.HealthCheckRequest(service=service))
         assert response.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_reflection_lists_the_generation_service(served: Served) -> None:
+def test_reflection_lists_the_generation_service(served: Server) -> None:
     stub = reflection_pb2_grpc.ServerReflectionStub(served.channel)
     (response,) = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
     names = {s.name for s in response.list_services_response.service}

@@ -20,26 +20,17 @@ from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from minedraft.batch_manager.backend import GenerationChunk, UnavailableError
-from minedraft.batch_manager.grpc_api import GrpcServer, build_grpc_server
-from minedraft.batch_manager.grpc_fan_out import FanOut
+from minedraft.batch_manager.choices import FanOut
 from minedraft.core.codec import sampling_from_api
 from minedraft.core.logprobs import TokenLogprob
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.proto import generation_pb2 as pb
-from minedraft.proto import generation_pb2_grpc as pb_grpc
 from tests.conftest import engine_from_folders, wait_until
 from tests.engine_backend import EngineBackend, all_kv_free
-from tests.test_grpc_api import LoopThread, request
+from tests.test_grpc_api import LoopThread, Server, request, serve
 
 PROMPT = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
-
-
-@dataclass
-class Server:
-    stub: pb_grpc.GenerationStub
-    channel: grpc.Channel
-    backend: Any
 
 
 @pytest.fixture(scope="module")
@@ -47,19 +38,6 @@ def loop() -> Iterator[LoopThread]:
     thread = LoopThread()
     yield thread
     thread.stop()
-
-
-def serve(loop: LoopThread, backend: Any) -> Iterator[Server]:
-    async def start() -> GrpcServer:
-        server = build_grpc_server(backend, "127.0.0.1", 0)
-        await server.start()
-        return server
-
-    server = loop.run(start())
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-    yield Server(pb_grpc.GenerationStub(channel), channel, backend)
-    channel.close()
-    loop.run(server.stop(None))
 
 
 @pytest.fixture(scope="module")

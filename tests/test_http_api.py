@@ -5,26 +5,23 @@ from __future__ import annotations
 import json
 import shutil
 import socket
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from minedraft.batch_manager.chat import chat_prompt_ids, render_chat
-from minedraft.batch_manager.http_api import build_http_app
 from minedraft.batch_manager.openai_models import ChatMessage
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.engine.llm_engine import LLMEngine
 from tests.conftest import engine_from_folders, wait_until
-from tests.engine_backend import EngineBackend, all_kv_free
+from tests.engine_backend import all_kv_free
+from tests.http_surface_support import Served, serve
 
 MODEL = "random"
 PROMPTS: list[str | list[int]] = ["w5 w9 w13", [7, 7, 7, 7, 7, 7], "w2 w3 w4 w5 w6 w7 w8 w9 w10"]
@@ -32,28 +29,10 @@ MAX_TOKENS = 20
 GREEDY = {"model": MODEL, "temperature": 0, "max_tokens": MAX_TOKENS}
 
 
-@dataclass
-class Served:
-    backend: EngineBackend
-    url: str
-    client: httpx.Client
-
-
 @pytest.fixture(scope="module")
 def served(random_pair: tuple[Path, Path]) -> Iterator[Served]:
-    engine = engine_from_folders(random_pair[0], None, "ar", block_size=4, num_blocks=256, max_num_seqs=2)
-    with EngineBackend(engine, model_name=MODEL, max_queue=1) as backend:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(build_http_app(backend), log_level="warning"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        wait_until(lambda: server.started)
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        with httpx.Client(base_url=url, timeout=30) as client:
-            yield Served(backend, url, client)
-        server.should_exit = True
-        thread.join(10)
+    with serve(random_pair[0], max_num_seqs=2, num_blocks=256, max_queue=1, timeout_s=30) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

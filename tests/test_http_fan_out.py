@@ -16,7 +16,8 @@ import pytest
 from minedraft.batch_manager.backend import GenerationChunk
 from minedraft.batch_manager.chat import RenderOptions, render_chat
 from minedraft.batch_manager.choice_output import OutputOptions, PromptInfo
-from minedraft.batch_manager.fan_out import FanOut, best_candidates, candidate_params, plan_generations
+from minedraft.batch_manager.choices import child_params
+from minedraft.batch_manager.fan_out import FanOut, best_candidates, plan_generations
 from minedraft.batch_manager.http_streams import StreamSettings, chat_events, completion_body, completion_events
 from minedraft.batch_manager.openai_logprobs import MASKED_LOGPROB, CompletionLogprobsBuilder, TokenNames, chat_logprobs
 from minedraft.batch_manager.openai_models import ChatMessage
@@ -84,9 +85,9 @@ class FakeRequest:
 
 
 def test_candidates_are_seeded_s_plus_i_and_ranked_ones_carry_logprobs() -> None:
-    seeded = candidate_params(SamplingParams(seed=7, temperature=1.0), 3, rank_by_logprob=True)
+    seeded = child_params(SamplingParams(seed=7, temperature=1.0), 3, rank_by_logprob=True, prompt_logprobs_to_all=True)
     assert [p.seed for p in seeded] == [7, 8, 9] and [p.logprobs for p in seeded] == [0, 0, 0]
-    unseeded = candidate_params(SamplingParams(logprobs=2), 2, rank_by_logprob=True)
+    unseeded = child_params(SamplingParams(logprobs=2), 2, rank_by_logprob=True, prompt_logprobs_to_all=True)
     assert [p.seed for p in unseeded] == [None, None] and [p.logprobs for p in unseeded] == [2, 2]
     plan = plan_generations("req", [[1, 2], [3]], SamplingParams(seed=1), 2)
     assert [(g.prompt_index, g.request_id, g.share_prompt, g.params.seed) for g in plan] == [

@@ -4,14 +4,13 @@ Each generation is its own backend request; those of one prompt share a `share_p
 id and the prompt's index), so a backend may compute the prompt's KV once. With a seed, candidate i of a prompt
 samples with seed + i (so n=3 seeded s equals three requests seeded s, s+1, s+2); without one, each draws its
 own. All are opened before the response starts (so any error is a proper status code) and end together:
-closing the merged stream, or the failure of one, closes (aborts) every other (grpc_fan_out's interleaving,
+closing the merged stream, or the failure of one, closes (aborts) every other (choices.py's interleaving,
 which knows no protocol).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from minedraft.batch_manager.backend import GenerationBackend, GenerationChunk
-from minedraft.batch_manager.grpc_fan_out import close_all, interleave
+from minedraft.batch_manager.choices import child_params, close_all, interleave
 from minedraft.batch_manager.http_streams import race_disconnect
 from minedraft.core.sampling_params import SamplingParams
 
@@ -38,18 +37,6 @@ class Generation:
     share_prompt: str | None
 
 
-def candidate_params(params: SamplingParams, count: int, rank_by_logprob: bool) -> list[SamplingParams]:
-    """`count` copies of `params`, candidate i seeded seed + i; `rank_by_logprob` (best_of > n) makes each
-    carry logprobs (at least the chosen token's), so its cumulative logprob exists to rank it by."""
-    out = []
-    for i in range(count):
-        copy = dataclasses.replace(params, seed=None if params.seed is None else params.seed + i)
-        if rank_by_logprob and copy.logprobs is None:
-            copy.logprobs = 0
-        out.append(copy)
-    return out
-
-
 def plan_generations(request_id: str, prompts: Sequence[list[int]], params: SamplingParams, candidates: int,
                      rank_by_logprob: bool = False) -> list[Generation]:
     """Generations in choice order: prompt by prompt, `candidates` each; a single one keeps the request's id."""
@@ -58,7 +45,7 @@ def plan_generations(request_id: str, prompts: Sequence[list[int]], params: Samp
     out = []
     for p, ids in enumerate(prompts):
         share = f"{request_id}-p{p}" if candidates > 1 else None
-        for i, child in enumerate(candidate_params(params, candidates, rank_by_logprob)):
+        for i, child in enumerate(child_params(params, candidates, rank_by_logprob, prompt_logprobs_to_all=True)):
             out.append(Generation(p, i, list(ids), child, f"{request_id}-{p * candidates + i}", share))
     return out
 

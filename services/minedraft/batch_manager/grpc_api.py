@@ -4,7 +4,7 @@ Handlers await every step themselves (streaming uses `context.write`, not an asy
 generator), so a client cancellation (or the client's deadline passing) arrives as
 CancelledError in our own frame and the `aclosing` block aborts the request on the spot
 instead of whenever the GC gets to it. A request for n choices (or best_of candidates) runs as that
-many backend requests sharing the prompt (grpc_fan_out.py); every one of them is closed when the call
+many backend requests sharing the prompt (choices.py); every one of them is closed when the call
 ends, however it ends. With API keys every method but grpc.health.v1 needs
 `authorization: Bearer <key>` metadata; messages are capped at the request size limit.
 """
@@ -30,7 +30,7 @@ from minedraft.batch_manager.backend import (
     RetryLaterError,
     UnavailableError,
 )
-from minedraft.batch_manager.grpc_fan_out import FanOut, close_all, collect, interleave
+from minedraft.batch_manager.choices import FanOut, close_all, collect, interleave
 from minedraft.batch_manager.grpc_messages import TokenText, chunk_message, response_message
 from minedraft.batch_manager.http_guards import DEFAULT_MAX_REQUEST_BYTES
 from minedraft.batch_manager.prompt_ids import encode_prompt

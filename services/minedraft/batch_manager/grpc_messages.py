@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from minedraft.batch_manager.backend import GenerationChunk
-from minedraft.batch_manager.grpc_fan_out import Collected, FanOut, best
+from minedraft.batch_manager.choices import Collected, FanOut, best
 from minedraft.core.logprobs import TokenLogprob
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.proto import generation_pb2 as pb

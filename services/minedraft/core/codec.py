@@ -145,7 +145,6 @@ def sampling_from_spec(spec: control_pb2.SeqSpec) -> SamplingParams:
         logprobs=s.logprobs if s.HasField("logprobs") else None,
         prompt_logprobs=s.prompt_logprobs if s.HasField("prompt_logprobs") else None,
         logprobs_mode="processed_logprobs" if s.processed_logprobs else "raw_logprobs",
-        max_tokens=max(1, s.min_tokens),
     )
 
 

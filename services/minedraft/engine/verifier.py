@@ -9,7 +9,7 @@ import torch
 from minedraft.core.logprobs import TokenLogprob
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.drafter import Proposal
-from minedraft.engine.logits_processing import LogitsProcessing
+from minedraft.engine.logits_processing import LogitsProcessing, processes
 from minedraft.engine.logprobs import log_softmax, pack, unpack
 from minedraft.engine.readback import Readback
 from minedraft.engine.rejection import Verdict, verify_drafts
@@ -59,6 +59,7 @@ class Verifier(SequenceHost):
         super().__init__(runner)
         self.processing = LogitsProcessing(runner.config.vocab_size, runner.device)
         self.prompt_logprobs_done: set[int] = set()
+        self.featured: set[int] = set()  # sequences asking for processing or logprobs: a step without any skips both
         self.last_logprobs: dict[int, list[TokenLogprob]] = {}
         self.last_prompt_logprobs: dict[int, list[TokenLogprob]] = {}
         self._pending_logprobs: LogprobsInFlight | None = None  # the last judge's, until its read_back
@@ -66,11 +67,14 @@ class Verifier(SequenceHost):
     def add(self, seq_id: int, tokens: list[int], params: SamplingParams, prompt_len: int | None = None) -> None:
         super().add(seq_id, tokens, params, prompt_len)
         self.processing.forget(seq_id)
+        if processes(params) or params.logprobs is not None or params.prompt_logprobs is not None:
+            self.featured.add(seq_id)
 
     def remove(self, seq_id: int) -> None:
         super().remove(seq_id)
         self.processing.forget(seq_id)
         self.prompt_logprobs_done.discard(seq_id)
+        self.featured.discard(seq_id)
 
     def verify(self, seq_ids: list[int], proposal: Proposal | None) -> Verdict:
         verdict = self.judge(seq_ids, proposal)
@@ -94,9 +98,10 @@ class Verifier(SequenceHost):
         else:
             drafts, draft_probs = proposal.tokens.to(device), proposal.probs
         k = drafts.shape[1]
-        prompt_rows = [b for b, st in enumerate(states) if self._wants_prompt_logprobs(st)]
+        featured = bool(self.featured) and not self.featured.isdisjoint(seq_ids)
+        prompt_rows = [b for b, st in enumerate(states) if self._wants_prompt_logprobs(st)] if featured else []
         logits, full = self._score(states, drafts, bool(prompt_rows))
-        processed = self.processing.apply(logits, states, drafts)
+        processed = self.processing.apply(logits, states, drafts) if featured else logits
         sampling = self.sampling(seq_ids)
         lengths = self.runner.to_device(torch.tensor([st.length for st in states], dtype=torch.long))
         positions = lengths.unsqueeze(1) + torch.arange(k + 1, device=device)
@@ -104,7 +109,7 @@ class Verifier(SequenceHost):
         if draft_probs is not None:
             draft_probs = draft_probs.to(device)
         verdict = verify_drafts(drafts, draft_probs, target_probs, processed, sampling, positions)
-        logprobs = self._logprobs(states, logits, processed, sampling, verdict)
+        logprobs = self._logprobs(states, logits, processed, verdict) if featured else None
         if prompt_rows:
             assert full is not None
             logprobs = logprobs or LogprobsInFlight([], 0, None)
@@ -115,8 +120,8 @@ class Verifier(SequenceHost):
     def _wants_prompt_logprobs(self, st: SeqState) -> bool:
         return st.params.prompt_logprobs is not None and st.seq_id not in self.prompt_logprobs_done and st.cached == 0
 
-    def _logprobs(self, states: list[SeqState], raw: torch.Tensor, processed: torch.Tensor, sampling: BatchSampling,
-                  verdict: Verdict) -> LogprobsInFlight | None:
+    def _logprobs(self, states: list[SeqState], raw: torch.Tensor, processed: torch.Tensor, verdict: Verdict
+                  ) -> LogprobsInFlight | None:
         rows = [b for b, st in enumerate(states) if st.params.logprobs is not None]
         if not rows:
             return None

@@ -1,4 +1,5 @@
-"""One API request as several backend requests (the n choices, or the best_of candidates) and back.
+"""One API request as several backend requests (the n choices, or the best_of candidates) and back, for both
+APIs.
 
 Nothing here knows gRPC or HTTP: children are plain chunk streams. Their chunks are interleaved
 as they come; closing the interleaving, or any child failing, closes every child, which is what
@@ -48,20 +49,27 @@ class FanOut:
         return self.best_of > self.n
 
     def child_params(self, params: SamplingParams) -> list[SamplingParams]:
-        """One copy per child: seeds s, s + 1, ... when seeded; logprobs on when candidates are ranked (their
-        cumulative logprob is the score); prompt logprobs on child 0 only (the prompt is the same for all)."""
-        children = []
-        for i in range(self.best_of):
-            child = dataclasses.replace(params, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
-                                        logit_bias=dict(params.logit_bias))
-            if params.seed is not None:
-                child.seed = params.seed + i
-            if self.ranks and child.logprobs is None:
-                child.logprobs = 0
-            if i:
-                child.prompt_logprobs = None
-            children.append(child)
-        return children
+        """One copy per child; prompt logprobs on child 0 only (the prompt is the same for all)."""
+        return child_params(params, self.best_of, self.ranks, prompt_logprobs_to_all=False)
+
+
+def child_params(params: SamplingParams, count: int, rank_by_logprob: bool, prompt_logprobs_to_all: bool
+                 ) -> list[SamplingParams]:
+    """`count` copies of `params`: seeds s, s + 1, ... when seeded; logprobs on (at least the chosen token's)
+    when candidates are ranked, their cumulative logprob being the score; prompt logprobs on every child or on
+    child 0 alone."""
+    children = []
+    for i in range(count):
+        child = dataclasses.replace(params, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
+                                    logit_bias=dict(params.logit_bias))
+        if params.seed is not None:
+            child.seed = params.seed + i
+        if rank_by_logprob and child.logprobs is None:
+            child.logprobs = 0
+        if i and not prompt_logprobs_to_all:
+            child.prompt_logprobs = None
+        children.append(child)
+    return children
 
 
 @dataclasses.dataclass(slots=True)
