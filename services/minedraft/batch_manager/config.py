@@ -8,6 +8,10 @@ from minedraft.batch_manager.policy import POLICY_NAMES, check_policy
 from minedraft.core.errors import InvalidRequestError
 
 DATA_PLANE_BACKENDS = ("gloo", "nccl")  # torch.distributed backends of the draft link: CPU, GPU
+# Per-step token budget by the verifier's device type when --max-num-batched-tokens is 0. Small on a CPU, where
+# a prompt token costs about a third of a millisecond on the bundled pair: a chunk must not stall decodes.
+DEFAULT_BATCHED_TOKENS = {"cpu": 96, "cuda": 2048}
+MIN_BATCHED_TOKENS = 16
 
 
 @dataclass(slots=True)
@@ -34,6 +38,11 @@ class ManagerConfig:
     # A verifier that loaded the draft model too (--colocated-draft) drafts while the draft service is lost
     # (instead of plain decoding); without it such a verifier leaves a configured draft service out.
     draft_stand_in: bool = False
+    # Automatic prefix caching on both workers (vLLM's --enable-prefix-caching, on by default).
+    enable_prefix_caching: bool = True
+    # Verifier tokens per step: verify rows (k + 1 each) plus prompt chunks (vLLM's --max-num-batched-tokens);
+    # 0: the default for the verifier's device (DEFAULT_BATCHED_TOKENS).
+    max_num_batched_tokens: int = 0
 
     def policy(self) -> dict[str, object]:
         """The live-tunable part (what GET/PUT /admin/policy show)."""
@@ -51,5 +60,9 @@ class ManagerConfig:
         if self.stream_interval < 1:
             raise InvalidRequestError(f"stream_interval must be >= 1 token, got {self.stream_interval}",
                                       param="stream_interval")
+        if self.max_num_batched_tokens and self.max_num_batched_tokens < MIN_BATCHED_TOKENS:
+            raise InvalidRequestError(f"max_num_batched_tokens must be 0 (the device's default) or >= "
+                                      f"{MIN_BATCHED_TOKENS}, got {self.max_num_batched_tokens}",
+                                      param="max_num_batched_tokens")
         if self.data_plane_timeout_s < 1 or self.draft_retry_s < 0:
             raise InvalidRequestError("data_plane_timeout_s must be >= 1 and draft_retry_s >= 0")

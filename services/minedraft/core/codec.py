@@ -58,7 +58,7 @@ def sampling_from_api(p: generation_pb2.SamplingParameters) -> SamplingParams:
 # OpenAI/vLLM JSON fields that map one to one onto SamplingParams (unset: the core default).
 OPENAI_PASSTHROUGH = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
                       "allowed_token_ids", "logprobs", "prompt_logprobs", "logprobs_mode", "skip_special_tokens",
-                      "spaces_between_special_tokens", "include_stop_str_in_output", "priority")
+                      "spaces_between_special_tokens", "include_stop_str_in_output", "priority", "cache_salt")
 
 
 def _logit_bias(bias: dict[Any, float] | None) -> dict[int, float]:

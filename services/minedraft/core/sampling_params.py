@@ -47,6 +47,9 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: int = 0  # scheduling: lower first (vLLM's priority policy), ties in arrival order
+    # Prefix caching: joins the hash of the first KV block, so only requests with the same salt share cached
+    # blocks (a tenant cannot time another's prompts). Not a sampling setting; it travels with them.
+    cache_salt: str | None = None
 
     @property
     def greedy(self) -> bool:
@@ -112,6 +115,8 @@ class SamplingParams:
         if any(not math.isfinite(b) or abs(b) > MAX_LOGIT_BIAS for b in self.logit_bias.values()):
             raise InvalidRequestError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
                                       param="logit_bias")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise InvalidRequestError("cache_salt must be a non-empty string", param="cache_salt")
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise InvalidRequestError("allowed_token_ids must not be empty", param="allowed_token_ids")
         if vocab_size is not None:
