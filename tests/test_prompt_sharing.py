@@ -52,9 +52,10 @@ def adds(stack: Stack) -> list[tuple[int, int, int | None]]:
             for p in stack.verifier.plans for a in p.add]
 
 
-def fake_stack(words: Tokenizer) -> Stack:
-    return Stack(words, ManagerConfig(mode="psd", k=2, pipeline_depth=1, draft_retry_s=0.0),
-                 lambda seq_id, step: 99)
+def fake_stack(words: Tokenizer, prefix_caching: bool = False) -> Stack:
+    """Prefix caching off: siblings fork (with it on they share the prompt through the cache, see below)."""
+    return Stack(words, ManagerConfig(mode="psd", k=2, pipeline_depth=1, draft_retry_s=0.0,
+                                      enable_prefix_caching=prefix_caching), lambda seq_id, step: 99)
 
 
 def test_siblings_wait_for_the_leaders_first_verdict_then_fork_it(words) -> None:
@@ -127,7 +128,8 @@ class RealWorkers:
         self.stack.start_draft()
         for port in self.ports:
             wait_until(lambda port=port: self._answers(port), timeout=120)
-        cfg = ManagerConfig(mode="psd", k=3, draft_retry_s=0.2)
+        # Prefix caching off: this module tests forks (through the cache: test_prefix_cache_serving.py).
+        cfg = ManagerConfig(mode="psd", k=3, draft_retry_s=0.2, enable_prefix_caching=False)
         self.coordinator = Coordinator.over_grpc(Tokenizer(TINY_TARGET), "tiny", f"127.0.0.1:{self.stack.target_port}",
                                                  f"127.0.0.1:{self.stack.draft_port}", cfg)
         self.run(self.coordinator.start())

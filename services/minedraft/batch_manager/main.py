@@ -25,7 +25,7 @@ from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.batch_manager.grpc_api import build_grpc_server
 from minedraft.batch_manager.http_api import build_http_app
 from minedraft.batch_manager.policy import POLICY_FIELDS
-from minedraft.batch_manager.server_flags import ServingOptions, add_serving_flags
+from minedraft.batch_manager.server_flags import ServingOptions, add_prompt_flags, add_serving_flags
 from minedraft.batch_manager.step_observer import MetricsObserver
 from minedraft.bundled import TINY_TARGET
 from minedraft.core.errors import InvalidRequestError
@@ -78,6 +78,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="verifier rank 0's control address [MINEDRAFT_VERIFIER_ADDRESS]")
     p.add_argument("--draft-address", default=env("DRAFT_ADDRESS", "127.0.0.1:50062"),
                    help="draft service control address; empty for none [MINEDRAFT_DRAFT_ADDRESS]")
+    add_prompt_flags(p)
     p.add_argument("--draft-stand-in", action=argparse.BooleanOptionalAction,
                    default=env("DRAFT_STAND_IN", "0") != "0",
                    help="the verifier also loaded the draft model (--colocated-draft): keep the draft service and "
@@ -89,7 +90,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def manager_config(args: argparse.Namespace) -> ManagerConfig:
     config = ManagerConfig(**{f.name: getattr(args, f.name) for f in POLICY_FIELDS}, max_queue=args.max_queue,
                            data_plane_backend=args.data_plane_backend, stream_interval=args.stream_interval,
-                           draft_stand_in=args.draft_stand_in)
+                           draft_stand_in=args.draft_stand_in, enable_prefix_caching=args.enable_prefix_caching,
+                           max_num_batched_tokens=args.max_num_batched_tokens)
     config.validate()
     return config
 

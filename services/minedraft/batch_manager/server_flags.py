@@ -51,6 +51,18 @@ def add_serving_flags(p: argparse.ArgumentParser) -> None:
                    help="PEM private key of that certificate [MINEDRAFT_TLS_KEY_FILE]")
 
 
+def add_prompt_flags(p: argparse.ArgumentParser) -> None:
+    """vLLM's names, so a vLLM command line carries over."""
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=env("ENABLE_PREFIX_CACHING", "1") not in ("0", "false", "False"),
+                   help="reuse the KV of prompt prefixes computed before, on both workers (on by default; "
+                        "--no-enable-prefix-caching: off) [MINEDRAFT_ENABLE_PREFIX_CACHING]")
+    p.add_argument("--max-num-batched-tokens", type=int, default=int(env("MAX_NUM_BATCHED_TOKENS", "0")),
+                   help="tokens the verifier computes per step, verify rows and prompt chunks together; long "
+                        "prompts are split to keep within it; 0: 96 on a CPU, 2048 on a GPU "
+                        "[MINEDRAFT_MAX_NUM_BATCHED_TOKENS]")
+
+
 @dataclass(frozen=True, slots=True)
 class ServingOptions:
     """What the flags above resolve to."""

@@ -19,15 +19,16 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 
 from minedraft.batch_manager.admission import Admission
 from minedraft.batch_manager.backend import GenerationChunk, UnavailableError
-from minedraft.batch_manager.config import ManagerConfig
+from minedraft.batch_manager.config import DEFAULT_BATCHED_TOKENS, ManagerConfig
 from minedraft.batch_manager.draft_supervisor import DraftSupervisor
+from minedraft.batch_manager.driver_recovery import WorkerRecovery
 from minedraft.batch_manager.link import WorkerLink, raise_fault
 from minedraft.batch_manager.plan_k import PlanK
 from minedraft.batch_manager.policy import two_batches
+from minedraft.batch_manager.prompt_planner import PromptPlanner
 from minedraft.batch_manager.request_streams import RequestStreams
 from minedraft.batch_manager.scheduler import TwoBatchScheduler
 from minedraft.batch_manager.step_observer import StepObserver
@@ -43,7 +44,7 @@ from minedraft.proto import control_pb2
 log = logging.getLogger(__name__)
 
 
-class StepDriver:
+class StepDriver(WorkerRecovery):
     """Runs the loop over one verifier link and (optionally) one draft link."""
 
     def __init__(self, config: ManagerConfig, tokenizer: Tokenizer, verifier: WorkerLink,
@@ -60,6 +61,9 @@ class StepDriver:
         self.pending_remove: list[int] = []  # left since the last plan; the next plan frees their KV
         self.draft_adds: list[control_pb2.SeqSpec] = []  # every running sequence, for a returned draft
         self.eos_ids: frozenset[int] = frozenset()
+        self.prompts = PromptPlanner()  # prefix-cache estimate and chunked prefill (prompt_planner.py)
+        self.verifier_device = "cpu"  # the verifier's torch device type: the default token budget's key
+        self._direct_tokens = 0
         self.step = 0  # the next plan's step
         self.in_flight = 0  # plans the verifier has not answered yet
         self.serving = False  # the verifier's stream is up
@@ -80,7 +84,8 @@ class StepDriver:
     async def run(self) -> None:
         while not self._stopping:
             idle = not self.serving or self._holds or self.in_flight >= self.config.pipeline_depth
-            work = self.sched.seqs or self.admission.waiting or self.pending_remove or self.draft_adds
+            work = (self.sched.seqs or self.admission.waiting or self.pending_remove or self.draft_adds
+                    or self.prompts.active)
             if idle or not work:
                 self._wake.clear()
                 await self._wake.wait()
@@ -96,7 +101,11 @@ class StepDriver:
         for req in change.preempt:
             self._preempt(req)
         self.admission.requeue(change.preempt)
-        adds = [self._start(req) for req in change.start]
+        self._configure_prompts()
+        for seq_id in self.prompts.take_ready():  # chunked prompts complete on both workers join the batches
+            self._schedule(self.requests[seq_id])
+        room = self.prompts.budget - len(self.sched.seqs) * (cfg.k + 1)
+        adds = [self._start(req, room) for req in change.start]
         self.draft.state.resume_if_due(self.step)
         with_drafts = self.drafting_now()
         if with_drafts:
@@ -105,9 +114,10 @@ class StepDriver:
         to_draft = self.draft.sends_plans  # it gets every plan and verdict, drafting or not
         k = self.k_plan.for_plan(self.step, cfg.mode, cfg.k, with_drafts, batches.draft, batches.verify, adds,
                                  self.draft_adds, self.pending_remove, cfg.k_min)
+        chunks = self.prompts.chunks(len(batches.verify) * (k + 1) + self._direct_tokens)
         fields = {"step": self.step, "remove": self.pending_remove, "draft_batch": batches.draft,
                   "verify_batch": batches.verify, "k": k, "with_drafts": with_drafts, "send_verdict": to_draft,
-                  "draft_here": self.draft.drafts_here}
+                  "draft_here": self.draft.drafts_here, "prefill": chunks}
         self.verifier.send(control_pb2.ControlMessage(plan=control_pb2.StepPlan(add=adds, **fields)))
         if to_draft:
             assert self.draft.link is not None
@@ -120,20 +130,38 @@ class StepDriver:
         self.in_flight += 1
         self.step += 1
 
-    def _start(self, req: Request) -> control_pb2.SeqSpec:
-        """Into a batch; a preempted request resumes from prompt + output so far."""
+    def _configure_prompts(self) -> None:
+        cfg, limits = self.config, self.admission.limits
+        budget = cfg.max_num_batched_tokens or DEFAULT_BATCHED_TOKENS.get(self.verifier_device, 2048)
+        self.prompts.configure(cfg.enable_prefix_caching, budget, limits.block_size, limits.block_budget)
+        self._direct_tokens = 0  # prompt tokens of requests that join the batches at once, this plan
+
+    def _start(self, req: Request, room: int) -> control_pb2.SeqSpec:
+        """Onto both workers; into a batch now, or once its prompt chunks are done (prompt_planner.py). A
+        preempted request resumes from prompt + output so far."""
         self.requests[req.req_id] = req
         if req.stats.admitted is None:
             req.stats.admitted = time.perf_counter()
             self.observer.request_started(req)
+        joins, computed = self.prompts.start(req, room - self._direct_tokens)
+        if joins:
+            self._direct_tokens += computed
+            self._schedule(req)
+        fork = None if self.prompts.caching else self.admission.siblings.fork_source(req)
+        return self.spec_of(req, fork)
+
+    def _schedule(self, req: Request) -> None:
         self.sched.add(req.req_id, req.num_tokens, req.params.max_tokens - len(req.output_ids))
-        return seq_spec(req, self.eos_ids, fork_of=self.admission.siblings.fork_source(req))
+
+    def spec_of(self, req: Request, fork_of: int | None = None) -> control_pb2.SeqSpec:
+        return seq_spec(req, self.eos_ids, fork_of, self.prompts.caching, self.prompts.reads_cache(req))
 
     def _preempt(self, req: Request) -> None:
         """Off both workers now (its KV is freed by the next plan); back in the queue under a new id."""
         old = req.req_id
         self.requests.pop(old, None)
         self.sched.remove(old)
+        self.prompts.drop(old)
         self.pending_remove.append(old)
         self.draft_adds = [spec for spec in self.draft_adds if spec.seq_id != old]
         req.req_id = self.admission.new_id()
@@ -153,6 +181,9 @@ class StepDriver:
         wall_ms = (now - self._last_verify_at) * 1000.0 if self._last_verify_at else 0.0
         self._last_verify_at = now
         self.counters.add_timing("verify", event.timing, wall_ms)
+        self.counters.prefix_cache.add(event.prefix_cache, draft=False)
+        if event.HasField("draft_prefix_cache"):
+            self.counters.prefix_cache.add(event.draft_prefix_cache, draft=True)
         drafted, kind = self._drafted_at.pop(event.step, (0, "ar"))
         self.observer.verify_done(event, kind, wall_ms)
         drafted = 0 if event.data_plane_lost else drafted  # lost: the verifier judged this step without drafts
@@ -185,6 +216,7 @@ class StepDriver:
             kept = req.append_tokens(tokens, self.eos_ids, self.tokenizer, logprobs.of(req, tokens))
             self.observer.tokens_verified(req, kept, req.stats.note_tokens(now, step) if kept else None)
             self.sched.progress(seq_id, count)
+            self.prompts.verified(req)
             self.streams.notify(req)
             if req.finished:
                 self._retire(req)
@@ -218,6 +250,7 @@ class StepDriver:
             self.pending_remove.append(req.req_id)
             self.observer.request_retired(req)
         self.sched.remove(req.req_id)
+        self.prompts.drop(req.req_id)
         self._wake.set()
 
     def abort(self, req: Request, notify: bool = False) -> None:
@@ -240,60 +273,6 @@ class StepDriver:
             else:
                 self.streams.notify(req)
             self._retire(req)
-
-    # ----- draining, lost workers -------------------------------------------------------
-
-    @asynccontextmanager
-    async def draining(self) -> AsyncIterator[None]:
-        """No new plan while held; entered once the verifier has answered every issued plan."""
-        self._holds += 1
-        try:
-            while self.in_flight > 0 and not self._stopping:
-                self._wake.clear()
-                await self._wake.wait()
-            yield
-        finally:
-            self._holds -= 1
-            self._wake.set()
-
-    def draft_left(self) -> None:
-        self.counters.fallbacks += 1
-        self.observer.fell_back()
-        self.sched.use_two_batches(self.draft.two_batches(self.config.mode))  # a stand-in verifier: fused SD
-        self.sched.restart_drafting()
-        self._wake.set()
-
-    def draft_back(self) -> None:
-        self.draft_adds = [seq_spec(req, self.eos_ids) for req in self.requests.values()]
-        self.sched.use_two_batches(self.draft.two_batches(self.config.mode))
-        self.sched.restart_drafting()
-        self.counters.recoveries += 1
-
-    def draft_step_done(self, event: control_pb2.WorkerEvent) -> None:
-        self.counters.add_timing("draft", event.timing)
-        self.k_plan.on_draft(event.step, cost_ms(event.timing), event.timing.batch)
-        self.observer.draft_done(event)
-
-    def on_verifier_lost(self) -> None:
-        """The verifier's stream ended (process died, network): fail fast, then reconnect."""
-        self.serving = False
-        self.in_flight = 0
-        self._drafted_at.clear()
-        self.abort_everything("the verifier was lost (its process ended or its connection broke)")
-        self.k_plan.forget(self.pending_remove)  # no plan will carry these removals: the new verifier never had them
-        self.pending_remove = []
-        self.admission.in_use = 0
-        self.draft.verifier_lost()
-        if not self._stopping:
-            self.reconnect.lost()
-        self._wake.set()
-
-    def verifier_back(self, info: control_pb2.WorkerInfo) -> None:
-        """A fresh stream to a (restarted) verifier: it holds no sequence, nothing is in flight."""
-        self.admission.limits.fit(info.num_blocks, info.max_context)
-        self.pending_remove = []
-        self.serving = True
-        self._wake.set()
 
     def stop(self) -> None:
         self._stopping = True

@@ -78,6 +78,8 @@ class StackConfig:
     drain_grace_s: float = 25.0  # what the services get as MINEDRAFT_DRAIN_GRACE_S
     api_key: str = ""  # the batch manager's accepted keys, comma-separated ("": none asked for)
     api_key_file: str = ""  # ... and a file of them, one a line
+    enable_prefix_caching: bool = True
+    max_num_batched_tokens: int = 0  # 0: the verifier device's default
     data_plane_backend: str = "gloo"
     log_dir: Path | None = None
     target_cpu: str = ""
@@ -165,7 +167,8 @@ class LocalStack:
             "batch-manager", "--tokenizer", c.tokenizer or c.target, "--host", c.host, "--grpc-port", str(c.grpc_port),
             "--http-port", str(c.http_port), "--mode", c.mode, "--k", str(c.k),
             "--max-num-seqs", str(c.max_num_seqs), "--data-plane-backend", c.data_plane_backend,
-            "--admin-port", str(self.admin_port),
+            "--admin-port", str(self.admin_port), "--max-num-batched-tokens", str(c.max_num_batched_tokens),
+            "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching",
             "--verifier-address", f"127.0.0.1:{self.target_port}",
             "--draft-address", f"127.0.0.1:{self.draft_port}" if c.mode != "ar" else "", *keys_file,
         ], env

@@ -13,7 +13,7 @@ import signal
 import threading
 
 from minedraft.batch_manager.policy import MODES
-from minedraft.batch_manager.server_flags import DEFAULT_ADMIN_PORT, DEFAULT_DRAIN_GRACE_S
+from minedraft.batch_manager.server_flags import DEFAULT_ADMIN_PORT, DEFAULT_DRAIN_GRACE_S, add_prompt_flags
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
 from minedraft.cli.local_stack import LocalStack, StackConfig
 from minedraft.worker.settings import env
@@ -44,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="file with one accepted API key per line [MINEDRAFT_API_KEY_FILE]")
     p.add_argument("--drain-grace-s", type=float, default=float(env("DRAIN_GRACE_S", str(DEFAULT_DRAIN_GRACE_S))),
                    help="on Ctrl-C / SIGTERM, seconds requests in flight may take to finish [MINEDRAFT_DRAIN_GRACE_S]")
+    add_prompt_flags(p)
     p.set_defaults(run=run)
 
 
@@ -52,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         target=args.target, draft=args.draft, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
         admin_port=args.admin_port, target_device=args.target_device, draft_device=args.draft_device,
         mode=args.mode, k=args.k, threads=args.threads, tp_size=args.tp_size, drain_grace_s=args.drain_grace_s,
-        api_key=args.api_key, api_key_file=args.api_key_file,
+        api_key=args.api_key, api_key_file=args.api_key_file, enable_prefix_caching=args.enable_prefix_caching,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     ))
     stop = threading.Event()
 

@@ -32,7 +32,7 @@ def _top_k(value: int | None) -> int:
 # gRPC `optional` fields whose unset value is the core's own default (the neutral one, as in vLLM).
 API_OPTIONAL_FIELDS = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
                        "logprobs", "prompt_logprobs", "logprobs_mode", "skip_special_tokens",
-                       "spaces_between_special_tokens", "include_stop_str_in_output", "priority")
+                       "spaces_between_special_tokens", "include_stop_str_in_output", "priority", "cache_salt")
 
 
 def sampling_from_api(p: generation_pb2.SamplingParameters) -> SamplingParams:
@@ -107,10 +107,12 @@ def sampling_from_openai(
     return params
 
 
-def seq_spec(req: Request, stop_ids: Iterable[int] = (), fork_of: int | None = None) -> control_pb2.SeqSpec:
+def seq_spec(req: Request, stop_ids: Iterable[int] = (), fork_of: int | None = None, prefix_cache: bool = False,
+             read_cache: bool = True) -> control_pb2.SeqSpec:
     """Core request -> the control-plane record a worker adds a sequence from (resolves the seed). `stop_ids`:
     the model's end tokens, masked with the stop token ids while the output is shorter than min_tokens;
-    prompt logprobs are asked for until the request has them."""
+    prompt logprobs are asked for until the request has them. `prefix_cache`: the worker looks the tokens up
+    in its cache (unless not `read_cache`) and publishes the verified ones, under the request's cache_salt."""
     p = req.params
     sampling = control_pb2.SeqSampling(
         temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.resolved_seed(), min_p=p.min_p,
@@ -126,7 +128,8 @@ def seq_spec(req: Request, stop_ids: Iterable[int] = (), fork_of: int | None = N
     if p.prompt_logprobs is not None and req.prompt_logprobs is None:
         sampling.prompt_logprobs = p.prompt_logprobs
     spec = control_pb2.SeqSpec(seq_id=req.req_id, tokens=req.all_tokens, sampling=sampling,
-                               prompt_len=len(req.prompt_ids))
+                               prompt_len=len(req.prompt_ids), prefix_cache=prefix_cache,
+                               cache_salt=p.cache_salt or "", skip_cache_read=prefix_cache and not read_cache)
     if fork_of is not None:
         spec.fork_of = fork_of
         spec.fork_tokens = len(req.prompt_ids)

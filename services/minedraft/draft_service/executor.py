@@ -18,7 +18,7 @@ from minedraft.proto import control_pb2
 from minedraft.worker.data_frames import DraftPayload, expected_verdict_header, split_verdict_frame
 from minedraft.worker.data_plane import DRAFT_RANK, DataPlane, DataPlaneError, PlaneOwner, setup_timeout_s
 from minedraft.worker.info import worker_info
-from minedraft.worker.membership import apply_membership, forget_all
+from minedraft.worker.membership import apply_membership, cache_report, forget_all
 from minedraft.worker.placement import device_identity
 from minedraft.worker.step_timing import timed
 
@@ -113,6 +113,7 @@ class DraftExecutor(PlaneOwner):
         except DataPlaneError as exc:
             self._lost(plan, event, exc)
         self.last_step = plan.step
+        cache_report(self.worker, event.prefix_cache)
         return event
 
     def _ahead_ok(self) -> bool:
@@ -197,6 +198,7 @@ class DraftExecutor(PlaneOwner):
             wait_for(launched.finished)
         timing.device_ms = elapsed_ms(launched.started, launched.finished)
         self.last_step = plan.step
+        cache_report(self.worker, event.prefix_cache)
         return event
 
     def _lost(self, plan: control_pb2.StepPlan, event: control_pb2.WorkerEvent, exc: Exception) -> None:

@@ -61,3 +61,4 @@ def settle(drafter: Drafter, seq_ids: list[int], rows: list[list[int]], accepted
         st.tokens.extend(row[: n + 1])
         st.cached = st.length + k - 1
         drafter.runner.truncate(seq_id, st.cached)
+        drafter.prefix.publish(st)

@@ -61,3 +61,4 @@ class Drafter(SequenceHost):
         st.cached = min(st.cached, st.length + accepted)
         st.tokens.extend(new_tokens)
         self.runner.truncate(seq_id, st.cached)
+        self.prefix.publish(st)

@@ -8,11 +8,18 @@ overwritten by the next step.
 Blocks are reference counted so that sequences with a common prefix (the n choices of one
 request) can hold the same full blocks (`share`); a block goes back to the free list when
 its last holder lets it go. Sharers only ever write past the shared blocks.
+
+Prefix caching: a full block whose tokens are verified may be published under its content key
+(core/prefix_hash.py); a later sequence with the same prefix attaches it instead of computing it.
+A published block keeps its key after its last holder lets go, on the free list in LRU order,
+and loses it only when it is handed out again: free blocks without a key go first, then cached
+ones least recently freed first. A sequence's blocks are freed tail first, so its private tail
+is evicted before the prefix others may share.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 
 import torch
 
@@ -28,13 +35,22 @@ class BlockAllocator:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # head: handed out next
         self._tables: dict[int, list[int]] = {}
         self._refs = [0] * num_blocks  # holders per block; 0: on the free list
+        self._key: list[bytes | None] = [None] * num_blocks  # the content key a published block is cached under
+        self._cached: dict[bytes, int] = {}  # content key -> block
+        self.evictions = 0  # cached blocks handed out for other content
 
     @property
     def num_free(self) -> int:
+        """Blocks no sequence holds, cached ones included (they are evicted when needed)."""
         return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks holding a published prefix, held or free."""
+        return len(self._cached)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -58,9 +74,44 @@ class BlockAllocator:
             )
         table = self._tables.setdefault(seq_id, [])
         for _ in range(need):
-            block = self._free.popleft()
+            block, _ = self._free.popitem(last=False)
+            key = self._key[block]
+            if key is not None:
+                del self._cached[key]
+                self._key[block] = None
+                self.evictions += 1
             self._refs[block] = 1
             table.append(block)
+
+    def lookup(self, keys: list[bytes]) -> list[int]:
+        """The cached blocks of the longest prefix of `keys` (stops at the first miss)."""
+        out: list[int] = []
+        for key in keys:
+            block = self._cached.get(key)
+            if block is None:
+                break
+            out.append(block)
+        return out
+
+    def attach(self, seq_id: int, blocks: list[int]) -> None:
+        """Give a sequence that holds no block yet the cached `blocks` as its first ones."""
+        if self._tables.get(seq_id):
+            raise ValueError(f"sequence {seq_id} already holds KV blocks")
+        for block in blocks:
+            if self._refs[block] == 0:
+                del self._free[block]
+            self._refs[block] += 1
+        self._tables[seq_id] = list(blocks)
+
+    def publish(self, seq_id: int, keys: list[bytes], start: int) -> None:
+        """Cache the sequence's blocks start..len(keys)-1 under `keys` (their tokens are verified). A block
+        already cached keeps its key; one whose content another block already caches stays private."""
+        table = self._tables.get(seq_id, [])
+        for i in range(start, min(len(keys), len(table))):
+            block, key = table[i], keys[i]
+            if self._key[block] is None and key not in self._cached:
+                self._key[block] = key
+                self._cached[key] = block
 
     def share(self, parent: int, child: int, num_tokens: int) -> int:
         """Give `child` (holding no block yet) the parent's full blocks among positions [0, num_tokens - 1):
@@ -81,7 +132,9 @@ class BlockAllocator:
     def _release(self, block: int) -> None:
         self._refs[block] -= 1
         if self._refs[block] == 0:
-            self._free.append(block)
+            self._free[block] = None  # a cached block joins the tail: evicted last
+            if self._key[block] is None:
+                self._free.move_to_end(block, last=False)  # nothing to keep: handed out first
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Keep only the blocks that positions [0, num_tokens) occupy."""

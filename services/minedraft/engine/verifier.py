@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -64,8 +65,9 @@ class Verifier(SequenceHost):
         self.last_prompt_logprobs: dict[int, list[TokenLogprob]] = {}
         self._pending_logprobs: LogprobsInFlight | None = None  # the last judge's, until its read_back
 
-    def add(self, seq_id: int, tokens: list[int], params: SamplingParams, prompt_len: int | None = None) -> None:
-        super().add(seq_id, tokens, params, prompt_len)
+    def add(self, seq_id: int, tokens: list[int], params: SamplingParams, prompt_len: int | None = None,
+            **cache: Any) -> None:
+        super().add(seq_id, tokens, params, prompt_len, **cache)
         self.processing.forget(seq_id)
         if processes(params) or params.logprobs is not None or params.prompt_logprobs is not None:
             self.featured.add(seq_id)
@@ -172,6 +174,7 @@ class Verifier(SequenceHost):
             st.cached = st.length + n
             st.tokens.extend(row[: n + 1])
             self.runner.truncate(seq_id, st.cached)
+            self.prefix.publish(st)
         return rows, accepted
 
     def _commit_logprobs(self, seq_ids: list[int], rows: list[list[int]], accepted: list[int],

@@ -20,7 +20,7 @@ from minedraft.verifier.launch_ahead import LaunchedStep, launchable_ids
 from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_header
 from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError, PlaneOwner, setup_timeout_s
 from minedraft.worker.info import worker_info
-from minedraft.worker.membership import apply_membership, forget_all, verify_ids
+from minedraft.worker.membership import apply_membership, cache_report, forget_all, verify_ids
 from minedraft.worker.placement import COLOCATED_VERIFIER_ROLE, device_identity
 from minedraft.worker.stall_watch import StallWatch
 from minedraft.worker.step_timing import timed
@@ -167,7 +167,7 @@ class VerifierExecutor(PlaneOwner):
             with timed(timing, "compute_ms"):
                 self.colocated.draft(plan)
         self.last_step = plan.step
-        return event
+        return self._report(event)
 
     def _commit(self, ids: list[int], readback: Readback, event: control_pb2.WorkerEvent) -> None:
         """Read the verdict back, commit it, and put it in the event."""
@@ -253,6 +253,12 @@ class VerifierExecutor(PlaneOwner):
         self._launch_next(plan, launched.ids, event, launched.readback)
         self._commit(launched.ids, launched.readback, event)
         self.last_step = plan.step
+        return self._report(event)
+
+    def _report(self, event: control_pb2.WorkerEvent) -> control_pb2.WorkerEvent:
+        cache_report(self.worker, event.prefix_cache)
+        if self.colocated is not None:
+            cache_report(self.colocated.drafter, event.draft_prefix_cache)
         return event
 
     def _hand_on(self, plan: control_pb2.StepPlan, verdict: VerdictPayload, timing: control_pb2.StepTiming,
