@@ -203,6 +203,7 @@ class Coordinator:
             "step": d.step,
             "reserved_blocks": self.admission.reserved_blocks,
             "block_budget": self.admission.limits.block_budget,
+            "block_size": self.admission.limits.block_size,
             "fallbacks": c.fallbacks,
             "timing_totals": {k: round(v, 3) for k, v in c.timing.items()},
             "tokens_total": c.tokens,
@@ -216,4 +217,6 @@ class Coordinator:
             "acceptance_rate": round(c.accepted / c.drafted, 4) if c.drafted else 0.0,
             "mean_accepted_length": round(c.tokens / c.seq_verifies, 4) if c.seq_verifies else 0.0,
             "adaptive_k": d.k_plan.snapshot(),
+            "prefix_cache": {"enabled": d.config.enable_prefix_caching,
+                             "max_num_batched_tokens": d.config.max_num_batched_tokens, **c.prefix_cache.snapshot()},
         }

@@ -79,6 +79,8 @@ class _SamplingRequest(StrictModel):
     length_penalty: float | None = None
     add_special_tokens: StrictBool | None = None
     request_id: str | None = None  # vLLM: the response's id (after its prefix) instead of a random one
+    # vLLM: joins the prefix cache's key, so only requests with the same salt share cached blocks
+    cache_salt: str | None = None
     # minedraft extra: seconds the whole request may take; past it, 408 (nothing sent yet) or, once a
     # stream has started, a last chunk with finish_reason "abort".
     timeout: float | None = Field(default=None, gt=0)
@@ -134,7 +136,7 @@ class _SamplingRequest(StrictModel):
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, priority=self.priority,
-            **self._logprob_fields(),
+            cache_salt=self.cache_salt, **self._logprob_fields(),
         )
 
 

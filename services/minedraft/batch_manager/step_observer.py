@@ -77,6 +77,9 @@ class MetricsObserver(StepObserver):
         self.metrics.verdicts(drafted_per_seq, accepted)
 
     def verify_done(self, event: control_pb2.WorkerEvent, kind: str, wall_ms: float) -> None:
+        self.metrics.prefix_cache(event.prefix_cache.queries, event.prefix_cache.hits, draft=False)
+        if event.HasField("draft_prefix_cache"):  # a colocated draft model's cache, inside the verifier
+            self.metrics.prefix_cache(event.draft_prefix_cache.queries, event.draft_prefix_cache.hits, draft=True)
         if kind == "ar" or event.step in self._draft:
             self._record(event.step, event.timing, kind, wall_ms, self._draft.pop(event.step, None))
         else:
@@ -84,6 +87,7 @@ class MetricsObserver(StepObserver):
         self._forget_before(event.step - PAIRING_WINDOW)
 
     def draft_done(self, event: control_pb2.WorkerEvent) -> None:
+        self.metrics.prefix_cache(event.prefix_cache.queries, event.prefix_cache.hits, draft=True)
         waiting = self._verify.pop(event.step, None)
         if waiting is None:
             self._draft[event.step] = event.timing

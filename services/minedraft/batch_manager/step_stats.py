@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from minedraft.batch_manager.prefix_stats import PrefixCacheCounters
 from minedraft.proto import control_pb2
 
 
@@ -40,6 +41,7 @@ class Counters:
     timing: dict[str, float] = field(default_factory=dict)
     recent_tokens_per_seq: float = 0.0  # moving average over speculative verifies only (auto mode)
     recent_samples: int = 0
+    prefix_cache: PrefixCacheCounters = field(default_factory=PrefixCacheCounters)  # both models' caches
 
     def note_speculative_tokens(self, count: int) -> None:
         self.recent_samples += 1

@@ -74,6 +74,13 @@ class ServingMetrics:
         self.rebalance_moves = counter("minedraft:rebalance_moves", "Sequences moved between the two batches.")
         self.fallbacks = counter("minedraft:speculation_fallbacks",
                                  "Times speculation fell back to plain decoding (draft service lost).")
+        # Tokens, as vLLM v1 counts them: a lookup queries the sequence's whole length, hits what it found cached.
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Target model's prefix cache: tokens looked up.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Target model's prefix cache: tokens found cached.")
+        self.draft_prefix_queries = counter("minedraft:draft_prefix_cache_queries",
+                                            "Draft model's prefix cache: tokens looked up.")
+        self.draft_prefix_hits = counter("minedraft:draft_prefix_cache_hits",
+                                         "Draft model's prefix cache: tokens found cached.")
         self.registry.register(_StatusGauges(model_name, status))
         # Children bound once: a labels() lookup per event would sit on the step loop's path.
         self._prompt = self.prompt_tokens.labels(model_name)
@@ -90,6 +97,8 @@ class ServingMetrics:
         self._draft = self.draft_time.labels(model_name)
         self._data_plane = self.data_plane_time.labels(model_name)
         self._overlap = self.overlap.labels(model_name)
+        self._prefix = (self.prefix_queries.labels(model_name), self.prefix_hits.labels(model_name))
+        self._draft_prefix = (self.draft_prefix_queries.labels(model_name), self.draft_prefix_hits.labels(model_name))
         self._per_pos: dict[int, object] = {}
         self._step_kind: dict[str, object] = {}
         self._success: dict[str, object] = {}
@@ -150,6 +159,13 @@ class ServingMetrics:
             if kind == "psd" and wall_s > 0:
                 self._overlap.observe(min(1.0, max(draft_s, verify_s) / wall_s))
 
+    def prefix_cache(self, queries: int, hits: int, draft: bool) -> None:
+        """One worker step's prefix-cache lookups (tokens) on the target's cache or, with `draft`, the draft's."""
+        if queries or hits:
+            counted_queries, counted_hits = self._draft_prefix if draft else self._prefix
+            counted_queries.inc(queries)
+            counted_hits.inc(hits)
+
     def moved(self, sequences: int) -> None:
         if sequences:
             self.rebalance_moves.labels(self.model_name).inc(sequences)
@@ -180,8 +196,10 @@ class _StatusGauges(Collector):
         budget = float(s.get("block_budget", 0) or 0)
         used = float(s.get("reserved_blocks", 0) or 0)
         yield gauge("vllm:kv_cache_usage_perc",
-                    "Fraction of KV blocks the running sequences may occupy at the next step (1 = full).",
+                    "Fraction of KV blocks the running sequences may occupy at the next step (1 = full); cached "
+                    "blocks no sequence holds count as free, as in vLLM.",
                     used / budget if budget else 0.0)
+        yield _cache_config(m, s)
         k = float(s.get("k", 0))
         yield gauge("minedraft:k", "Draft tokens per speculative step.", k)
         mode = GaugeMetricFamily("minedraft:mode", "Current step mode (1 for the active one).",
@@ -210,3 +228,17 @@ class _StatusGauges(Collector):
         transport = str(s.get("draft_link_transport", "") or "none")
         yield gauge("minedraft:draft_link_info", "The transport of the draft <-> verifier data plane (label).",
                     1.0, ["transport"], [transport])
+
+
+def _cache_config(model: Sequence[str], s: Mapping[str, object]) -> GaugeMetricFamily:
+    """vLLM's info gauge: value 1, the settings in labels named and spelled as vLLM's ("16", "True"), plus
+    model_name like every family here, so tools that size the cache as num_gpu_blocks x block_size work
+    unchanged; num_gpu_blocks is the block budget both workers can hold."""
+    prefix = s.get("prefix_cache")
+    enabled = bool(prefix.get("enabled")) if isinstance(prefix, Mapping) else False
+    labels = {"block_size": str(s.get("block_size", 0) or 0), "num_gpu_blocks": str(s.get("block_budget", 0) or 0),
+              "enable_prefix_caching": str(enabled), "engine": "0"}
+    family = GaugeMetricFamily("vllm:cache_config_info", "Information of the KV cache configuration.",
+                               labels=["model_name", *labels])
+    family.add_metric([*model, *labels.values()], 1.0)
+    return family
