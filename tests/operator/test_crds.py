@@ -119,6 +119,9 @@ MDD_INVALID = [
     ("empty admin key name", _set("spec.auth.adminSecretRef", {"name": "s", "key": ""}), "should be non-empty"),
     ("budget of 0", _set("spec.disruptionBudget.maxUnavailable", 0), "less than the minimum"),
     ("unknown netpol field", _set("spec.networkPolicy.allowFrom", []), "unknown field"),
+    ("negative batched tokens", _set("spec.batchManager.maxNumBatchedTokens", -1), "less than the minimum"),
+    ("batched tokens below 16", _set("spec.batchManager.maxNumBatchedTokens", 8), "or at least 16"),
+    ("prefix caching not a boolean", _set("spec.batchManager.prefixCaching", "yes"), "is not of type 'boolean'"),
 ]
 
 POLICY_INVALID = [

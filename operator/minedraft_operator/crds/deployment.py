@@ -28,6 +28,7 @@ from minedraft_operator.crds.status import conditions
 GPU_MODES = ("dra", "devicePlugin", "none")
 P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
 PORT_FIELDS = ("verifier", "draft", "tensorParallel", "dataPlane", "admin")
+MIN_BATCHED_TOKENS = 16  # the batch manager refuses a smaller per-step token budget
 
 
 def _port(description: str, default: int) -> Schema:
@@ -144,6 +145,31 @@ def _ports() -> Schema:
     )
 
 
+def _batch_manager() -> Schema:
+    return obj("The CPU batch manager container.", {
+        "resources": resources("the batch manager container"),
+        "maxQueue": integer("Waiting requests before 429 (MINEDRAFT_MAX_QUEUE).", minimum=1, default=1024),
+        "streamInterval": integer("Tokens a streamed chunk waits for; the first and last go at once. Above 1 "
+                                  "the batch manager spends less CPU per token on many streams "
+                                  "(MINEDRAFT_STREAM_INTERVAL).", minimum=1, maximum=1024, default=1),
+        "servedModelName": string("Model name in the APIs; unset = the target folder's name.", max_length=256),
+        "prefixCaching": boolean("Automatic prefix caching: a request whose prompt starts like an earlier one's "
+                                 "(a shared system prompt, a conversation's earlier turns) reuses those KV blocks "
+                                 "on both workers instead of computing them again; output is unchanged. vLLM's "
+                                 "--enable-prefix-caching (MINEDRAFT_ENABLE_PREFIX_CACHING). Fixed for a pod's "
+                                 "life: changing it rolls the pods.", default=True),
+        "maxNumBatchedTokens": integer(
+            "Chunked prefill's budget: the most tokens the verifier computes in one step, verify rows (k + 1 per "
+            "sequence) plus prompt chunks, so a long prompt is prefilled over several steps while running streams "
+            "keep their pace. 0 = the verifier device's default (96 on a CPU, 2048 on a GPU), else at least "
+            f"{MIN_BATCHED_TOKENS}. vLLM's --max-num-batched-tokens (MINEDRAFT_MAX_NUM_BATCHED_TOKENS). Fixed for a "
+            "pod's life: changing it rolls the pods.", minimum=0, default=0),
+    }, default={}, rules=[rule("!has(self.maxNumBatchedTokens) || self.maxNumBatchedTokens == 0 || "
+                               f"self.maxNumBatchedTokens >= {MIN_BATCHED_TOKENS}",
+                               f"maxNumBatchedTokens must be 0 (the device's default) or at least {MIN_BATCHED_TOKENS}",
+                               field_path=".maxNumBatchedTokens")])
+
+
 def _secret_key_ref(description: str, default_key: str) -> Schema:
     return obj(description, {"name": string("Secret name (same namespace).", min_length=1, max_length=253),
                              "key": string("Key inside the Secret.", default=default_key, min_length=1)},
@@ -174,14 +200,7 @@ def spec_schema() -> Schema:
                                 "subresource (HPA/KEDA).", minimum=0, default=1),
             "target": _target(),
             "draft": _draft(),
-            "batchManager": obj("The CPU batch manager container.", {
-                "resources": resources("the batch manager container"),
-                "maxQueue": integer("Waiting requests before 429 (MINEDRAFT_MAX_QUEUE).", minimum=1, default=1024),
-                "streamInterval": integer("Tokens a streamed chunk waits for; the first and last go at once. Above 1 "
-                                          "the batch manager spends less CPU per token on many streams "
-                                          "(MINEDRAFT_STREAM_INTERVAL).", minimum=1, maximum=1024, default=1),
-                "servedModelName": string("Model name in the APIs; unset = the target folder's name.", max_length=256),
-            }, default={}),
+            "batchManager": _batch_manager(),
             "images": _images(),
             "gpu": _gpu(),
             "nccl": _nccl(),

@@ -147,6 +147,12 @@ def _manager_env(spec: DeploymentSpec) -> list[dict[str, Any]]:
     }
     if bm.get("servedModelName"):
         env["MINEDRAFT_SERVED_MODEL_NAME"] = bm["servedModelName"]
+    # Only what differs from the batch manager's own defaults: pods made before these fields existed keep
+    # their template, so an operator upgrade rolls no pod.
+    if not bm["prefixCaching"]:
+        env["MINEDRAFT_ENABLE_PREFIX_CACHING"] = "0"
+    if bm["maxNumBatchedTokens"]:
+        env["MINEDRAFT_MAX_NUM_BATCHED_TOKENS"] = str(bm["maxNumBatchedTokens"])
     if spec.draft_stand_in:
         env["MINEDRAFT_DRAFT_STAND_IN"] = "1"
     otlp = spec.raw["observability"].get("otlpEndpoint")
