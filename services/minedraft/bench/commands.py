@@ -8,6 +8,9 @@
     minedraft bench gpu-report FILE     re-render a sweep's results.json (gpu/report.py)
     minedraft bench kernels             time the Triton attention kernel (gpu/attention_kernels.py)
     minedraft bench observability       PSD with metrics on vs off (observability_overhead.py)
+    minedraft bench prefix-cache        prefix caching on vs off over HTTP: TTFT, throughput (prefix_cache.py)
+    minedraft bench chunked-prefill     running streams' chunk gaps while long prompts prefill, chunked vs
+                                        unchunked (chunked_prefill.py)
 
 A benchmark's module (and torch with it) is imported when its command runs, not when the
 parser is built.
@@ -33,6 +36,10 @@ NAMED = {  # name: (module with run(args), flags, help)
                 "decode/verify timing of the Triton attention kernel (CUDA)"),
     "observability": ("minedraft.bench.observability_overhead", flags.add_sd_vs_psd_flags,
                       "PSD through the services with the batch manager's metrics on vs off"),
+    "prefix-cache": ("minedraft.bench.prefix_cache", flags.add_prefix_cache_flags,
+                     "prefix caching on vs off through the services: shared-prefix and multi-turn chat TTFT"),
+    "chunked-prefill": ("minedraft.bench.chunked_prefill", flags.add_chunked_prefill_flags,
+                        "streams' inter-chunk gaps while long prompts prefill, chunked vs unchunked"),
 }
 
 

@@ -72,3 +72,40 @@ def add_gpu_report_flags(p: argparse.ArgumentParser) -> None:
 
 def add_kernel_timing_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep-splits", action="store_true", help="also time forced key-split counts")
+
+
+def add_serving_arms_flags(p: argparse.ArgumentParser) -> None:
+    """What the two-arm serving benchmarks share (bench/arm_stacks.py); a 0 takes the device's default."""
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: the tiny pair in PSD on two cores; cuda: one GPU, SD colocated, synthetic 8B pair")
+    p.add_argument("--rounds", type=int, default=1, help="rounds on fresh prompts, the arms' order alternating")
+    p.add_argument("--acceptance", type=float, default=0.7, help="cuda: the synthetic pair's acceptance at k=4")
+    p.add_argument("--num-blocks", type=int, default=0, help="KV blocks per model (0: the benchmark's default)")
+    p.add_argument("--json-out", help="write the rows and the raw timings here")
+
+
+def add_prefix_cache_flags(p: argparse.ArgumentParser) -> None:
+    add_serving_arms_flags(p)
+    p.add_argument("--requests", type=int, default=0, help="shared-prefix requests (0: 24 on cpu, 64 on cuda)")
+    p.add_argument("--prefix-tokens", type=int, default=0, help="their common prefix (0: 700 / 2048)")
+    p.add_argument("--suffix-tokens", type=int, default=16, help="each one's own suffix")
+    p.add_argument("--max-tokens", type=int, default=16, help="tokens out per shared-prefix request")
+    p.add_argument("--conversations", type=int, default=0, help="chat conversations at once (0: 4 / 16)")
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--system-tokens", type=int, default=0, help="the shared system message (0: 64 / 256)")
+    p.add_argument("--user-tokens", type=int, default=0, help="each user message, about (0: 96 / 256)")
+    p.add_argument("--answer-tokens", type=int, default=0, help="each answer (0: 32 / 64)")
+
+
+def add_chunked_prefill_flags(p: argparse.ArgumentParser) -> None:
+    add_serving_arms_flags(p)
+    p.add_argument("--streams", type=int, default=6, help="streams decoding while the long prompts arrive")
+    p.add_argument("--stream-tokens", type=int, default=0, help="each stream's output (0: 600 on cpu, 1500 on cuda)")
+    p.add_argument("--long-prompts", type=int, default=3, help="long prompts, sent one at a time")
+    p.add_argument("--long-tokens", type=int, default=0, help="each long prompt (0: 900 / 6000)")
+    p.add_argument("--long-max-tokens", type=int, default=8, help="tokens out per long prompt")
+    p.add_argument("--settle-ms", type=int, default=0, help="streams alone before the first long prompt (0: 300)")
+    p.add_argument("--pause-ms", type=int, default=300, help="after a long prompt's first token, before the next")
+    p.add_argument("--budget", type=int, default=0,
+                   help="the chunked arm's --max-num-batched-tokens (0: the device's default, 96 cpu / 2048 cuda)")
+    p.add_argument("--unchunked-budget", type=int, default=100000, help="the unchunked arm's, beyond any prompt")
