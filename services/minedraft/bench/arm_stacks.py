@@ -137,3 +137,8 @@ def prefix_stats(health: dict) -> dict[str, dict[str, int]]:
 
 def stats_delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     return {m: {k: after[m][k] - before[m][k] for k in after[m]} for m in after}
+
+
+def flags_of(args: argparse.Namespace) -> dict[str, object]:
+    """The command's flags for a results file (without the parser's callables)."""
+    return {key: value for key, value in vars(args).items() if not callable(value)}

@@ -18,8 +18,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from minedraft.bench.arm_stacks import Arm, compare
-from minedraft.bench.latency import ms, overlapping, percentile
+from minedraft.bench.arm_stacks import Arm, compare, flags_of
+from minedraft.bench.latency import ms, overlapping, percentile, seconds
 from minedraft.bench.prompt_corpus import Corpus
 from minedraft.bench.sse_client import StreamRecord, completion_body, http_client, model_name, stream
 from minedraft.bundled import TINY_TARGET
@@ -102,6 +102,14 @@ def warm_up(stack: LocalStack, corpus: Corpus, args: argparse.Namespace) -> None
                           [corpus.take(args.long_tokens)], quick))
 
 
+def relative(result: dict) -> dict[str, list[list[float]]]:
+    """One round's clock for a results file, from the streams' sending: each stream's chunk arrivals, and each
+    long prompt's sending and first token."""
+    t0 = min(s.sent for s in result["streams"])
+    return {"streams": [seconds([t - t0 for t in s.times]) for s in result["streams"]],
+            "longs": [seconds([x.sent - t0, x.first - t0]) for x in result["longs"]]}
+
+
 def print_table(rows: list[dict]) -> None:
     print("| arm | stream gap p50 ms (whole run) | gap p50 ms (during prefill) | gap p99 ms | gap max ms | "
           "max / median | long prompt TTFT p50 ms | TTFT max ms | first token while streams ran |")
@@ -133,9 +141,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"greedy outputs identical chunked and unchunked: {'yes' if matched == compared else 'NO'} "
           f"({matched} of {compared} requests)")
     if args.json_out:
-        gaps = {name: [[s.gaps() for s in run["streams"]] for run in runs] for name, runs in raw.items()}
-        windows = {name: [[(x.sent, x.first) for x in run["longs"]] for run in runs] for name, runs in raw.items()}
-        Path(args.json_out).write_text(json.dumps({"args": vars(args), "rows": rows, "gaps_s": gaps,
-                                                   "windows": windows, "identical": [matched, compared]},
-                                                  indent=1, default=str))
+        timeline = {name: [relative(run) for run in runs] for name, runs in raw.items()}
+        Path(args.json_out).write_text(json.dumps({"args": flags_of(args), "rows": rows, "timeline_s": timeline,
+                                                   "identical": [matched, compared]}, indent=1))
     return 0 if matched == compared else 1

@@ -35,3 +35,8 @@ def overlapping(intervals: Sequence[tuple[float, float]], start: float, end: flo
 
 def ms(seconds: float) -> float:
     return round(seconds * 1000.0, 2)
+
+
+def seconds(values: list[float]) -> list[float]:
+    """Raw timings for a results file: to the microsecond, which is finer than the clocks behind them."""
+    return [round(v, 6) for v in values]

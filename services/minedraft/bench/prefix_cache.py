@@ -24,9 +24,9 @@ from pathlib import Path
 
 import httpx
 
-from minedraft.bench.arm_stacks import Arm, compare, prefix_stats, stats_delta
+from minedraft.bench.arm_stacks import Arm, compare, flags_of, prefix_stats, stats_delta
 from minedraft.bench.client import fetch_status
-from minedraft.bench.latency import ms, percentile
+from minedraft.bench.latency import ms, percentile, seconds
 from minedraft.bench.prompt_corpus import Corpus
 from minedraft.bench.sse_client import StreamRecord, chat_body, completion_body, http_client, model_name, stream
 from minedraft.bundled import TINY_TARGET
@@ -211,8 +211,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"greedy outputs identical with caching on and off: {'yes' if matched == compared else 'NO'} "
           f"({matched} of {compared} requests)")
     if args.json_out:
-        ttfts = {name: {key: [r.ttft for run in runs for r in run[key]["records"]] for key in ("shared", "chat")}
-                 for name, runs in raw.items()}
-        Path(args.json_out).write_text(json.dumps({"args": vars(args), "rows": rows, "ttft_s": ttfts,
-                                                   "identical": [matched, compared]}, indent=1, default=str))
+        ttfts = {name: {key: seconds([r.ttft for run in runs for r in run[key]["records"]])
+                        for key in ("shared", "chat")} for name, runs in raw.items()}
+        Path(args.json_out).write_text(json.dumps({"args": flags_of(args), "rows": rows, "ttft_s": ttfts,
+                                                   "identical": [matched, compared]}, indent=1))
     return 0 if matched == compared else 1
