@@ -139,6 +139,9 @@ def stats_delta(after: dict[str, dict[str, int]], before: dict[str, dict[str, in
     return {m: {k: after[m][k] - before[m][k] for k in after[m]} for m in after}
 
 
-def flags_of(args: argparse.Namespace) -> dict[str, object]:
-    """The command's flags for a results file (without the parser's callables)."""
-    return {key: value for key, value in vars(args).items() if not callable(value)}
+def flags_of(args: argparse.Namespace, add_flags: Callable[[argparse.ArgumentParser], None]) -> dict[str, object]:
+    """The benchmark's own flags for a results file: the namespace also holds the `minedraft bench` parser's
+    defaults (a model folder, a dtype), which these benchmarks do not read."""
+    own = argparse.ArgumentParser(add_help=False)
+    add_flags(own)
+    return {key: getattr(args, key) for key in vars(own.parse_args([]))}

@@ -18,6 +18,7 @@ import asyncio
 import json
 from pathlib import Path
 
+from minedraft.bench import flags
 from minedraft.bench.arm_stacks import Arm, compare, flags_of
 from minedraft.bench.latency import ms, overlapping, percentile, seconds
 from minedraft.bench.prompt_corpus import Corpus
@@ -142,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
           f"({matched} of {compared} requests)")
     if args.json_out:
         timeline = {name: [relative(run) for run in runs] for name, runs in raw.items()}
-        Path(args.json_out).write_text(json.dumps({"args": flags_of(args), "rows": rows, "timeline_s": timeline,
-                                                   "identical": [matched, compared]}, indent=1))
+        out = {"args": flags_of(args, flags.add_chunked_prefill_flags), "rows": rows, "timeline_s": timeline,
+               "identical": [matched, compared]}
+        Path(args.json_out).write_text(json.dumps(out, indent=1))
     return 0 if matched == compared else 1

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from minedraft.bench import flags
 from minedraft.bench.arm_stacks import Arm, compare, flags_of, prefix_stats, stats_delta
 from minedraft.bench.client import fetch_status
 from minedraft.bench.latency import ms, percentile, seconds
@@ -213,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         ttfts = {name: {key: seconds([r.ttft for run in runs for r in run[key]["records"]])
                         for key in ("shared", "chat")} for name, runs in raw.items()}
-        Path(args.json_out).write_text(json.dumps({"args": flags_of(args), "rows": rows, "ttft_s": ttfts,
-                                                   "identical": [matched, compared]}, indent=1))
+        out = {"args": flags_of(args, flags.add_prefix_cache_flags), "rows": rows, "ttft_s": ttfts,
+               "identical": [matched, compared]}
+        Path(args.json_out).write_text(json.dumps(out, indent=1))
     return 0 if matched == compared else 1
