@@ -77,6 +77,7 @@ class Coordinator:
                                  f"{vinfo.vocab_size}")
         limits = KvLimits(vinfo.max_context, self.tokenizer.vocab_size, vinfo.num_blocks, vinfo.block_size or 16)
         d.eos_ids = self.tokenizer.stop_ids(vinfo.eos_token_ids)
+        d.verifier_device = vinfo.device.split(":")[0].split()[0] if vinfo.device else "cpu"
         await d.verifier.open(guarded(d.on_verifier_event, d.fault), d.on_verifier_lost)
         if vinfo.role == COLOCATED_VERIFIER_ROLE:
             d.sched.fuse_sd = True  # its SD verifies and drafts in one plan (scheduler.py)

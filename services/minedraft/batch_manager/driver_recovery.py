@@ -5,20 +5,42 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import Any
 
 from minedraft.batch_manager.step_stats import cost_ms
 from minedraft.proto import control_pb2
 
-if TYPE_CHECKING:
-    from minedraft.batch_manager.step_driver import StepDriver
-
 
 class WorkerRecovery:
-    """Drains and worker changes, for StepDriver."""
+    """Drains and worker changes, for StepDriver, which sets every attribute named here."""
+
+    _holds: int
+    in_flight: int
+    _stopping: bool
+    _wake: Any
+    counters: Any
+    observer: Any
+    sched: Any
+    draft: Any
+    config: Any
+    requests: dict[int, Any]
+    draft_adds: list[control_pb2.SeqSpec]
+    prompts: Any
+    k_plan: Any
+    serving: bool
+    _drafted_at: dict[int, Any]
+    pending_remove: list[int]
+    admission: Any
+    reconnect: Any
+
+    def spec_of(self, req: Any) -> control_pb2.SeqSpec:
+        raise NotImplementedError
+
+    def abort_everything(self, error: str | None = None) -> None:
+        raise NotImplementedError
 
     @asynccontextmanager
-    async def draining(self: StepDriver) -> AsyncIterator[None]:
+    async def draining(self) -> AsyncIterator[None]:
         """No new plan while held; entered once the verifier has answered every issued plan."""
         self._holds += 1
         try:
@@ -30,14 +52,14 @@ class WorkerRecovery:
             self._holds -= 1
             self._wake.set()
 
-    def draft_left(self: StepDriver) -> None:
+    def draft_left(self) -> None:
         self.counters.fallbacks += 1
         self.observer.fell_back()
         self.sched.use_two_batches(self.draft.two_batches(self.config.mode))  # a stand-in verifier: fused SD
         self.sched.restart_drafting()
         self._wake.set()
 
-    def draft_back(self: StepDriver) -> None:
+    def draft_back(self) -> None:
         """A (restarted) draft service joins: it gets every running sequence, with an empty prefix cache."""
         self.draft_adds = [self.spec_of(req) for req in self.requests.values()]
         self.prompts.caches_lost()
@@ -45,13 +67,13 @@ class WorkerRecovery:
         self.sched.restart_drafting()
         self.counters.recoveries += 1
 
-    def draft_step_done(self: StepDriver, event: control_pb2.WorkerEvent) -> None:
+    def draft_step_done(self, event: control_pb2.WorkerEvent) -> None:
         self.counters.add_timing("draft", event.timing)
         self.counters.prefix_cache.add(event.prefix_cache, draft=True)
         self.k_plan.on_draft(event.step, cost_ms(event.timing), event.timing.batch)
         self.observer.draft_done(event)
 
-    def on_verifier_lost(self: StepDriver) -> None:
+    def on_verifier_lost(self) -> None:
         """The verifier's stream ended (process died, network): fail fast, then reconnect."""
         self.serving = False
         self.in_flight = 0
@@ -66,7 +88,7 @@ class WorkerRecovery:
             self.reconnect.lost()
         self._wake.set()
 
-    def verifier_back(self: StepDriver, info: control_pb2.WorkerInfo) -> None:
+    def verifier_back(self, info: control_pb2.WorkerInfo) -> None:
         """A fresh stream to a (restarted) verifier: it holds no sequence, nothing is in flight."""
         self.admission.limits.fit(info.num_blocks, info.max_context)
         self.pending_remove = []

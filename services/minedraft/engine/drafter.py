@@ -35,6 +35,7 @@ class Drafter(SequenceHost):
         proposal = self.draft_from(seq_ids, logits, lengths, k, [st.length + k - 1 for st in states])
         for st in states:
             st.cached = st.length + k - 1
+            self.prefix.publish(st)  # its committed tokens' KV is in: siblings may start from it
         return proposal
 
     def draft_from(self, seq_ids: list[int], logits: torch.Tensor, lengths: torch.Tensor, k: int,

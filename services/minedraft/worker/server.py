@@ -63,7 +63,9 @@ class WorkerServicer(control_pb2_grpc.WorkerServicer):
         self._draining = threading.Event()
 
     def Info(self, request: control_pb2.InfoRequest, context: grpc.ServicerContext) -> control_pb2.WorkerInfo:
-        return self.executor.info()
+        info = self.executor.info()
+        info.manager_connected = self._lock.locked()
+        return info
 
     def Control(
         self, request_iterator: Iterator[control_pb2.ControlMessage], context: grpc.ServicerContext
