@@ -10,7 +10,7 @@ import torch
 
 from minedraft.core.prefix_hash import ROOT, block_key, extend_keys
 from minedraft.core.sampling_params import SamplingParams
-from minedraft.engine.drafter import Drafter
+from minedraft.engine.drafter import Drafter, Proposal
 from minedraft.engine.kv_cache import BlockAllocator
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
@@ -100,9 +100,9 @@ def spec(seq_id: int, tokens: list[int], salt: str = "", cache: bool = True,
                                cache_salt=salt, sampling=sampling, skip_cache_read=prompt_logprobs is not None)
 
 
-def greedy_ar(worker: Verifier, seq_id: int, steps: int, first_step: int = 0) -> list[int]:
+def greedy_ar(worker: Verifier, seq_id: int, steps: int) -> list[int]:
     out = []
-    for i in range(steps):
+    for _ in range(steps):
         rows, _ = worker.commit([seq_id], worker.read_back(worker.judge([seq_id], None)))
         out.append(rows[0][0])
     return out
@@ -154,7 +154,6 @@ def test_only_verified_kv_is_published(target) -> None:
     prompt = PROMPT[:BS + 2]  # 18 tokens
     apply_membership(worker, plan(0, add=[spec(1, prompt)]))
     drafts = torch.tensor([[95] * 14])  # almost surely all rejected: KV for 18..31 written, then dropped
-    from minedraft.engine.drafter import Proposal
     worker.commit([1], worker.read_back(worker.judge([1], Proposal(drafts, None))))
     st = worker.seqs[1]
     assert st.length <= 18 + 15 and worker.runner.allocator.num_cached == min(st.cached, st.length - 1) // BS

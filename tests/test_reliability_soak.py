@@ -1,6 +1,9 @@
 """The three real processes on a tiny KV cache: preemption keeps greedy output exact, a gRPC
 deadline frees everything, and a soak with 20% cancels and kill -9 faults ends with every
-completed answer exact, every KV block free and no process left behind.
+completed answer exact, every KV block free and no process left behind. Half the soak's prompts
+open with one of a few shared prefixes and are long enough to be chunked (a 32-token budget), so
+prefix-cache hits, evictions from a full cache and chunked prefill all meet cancels, preemption
+and restarted workers (which start with an empty cache).
 
 The soak lasts MINEDRAFT_SOAK_S seconds (20 in CI); the longer run is a benchmark:
 `MINEDRAFT_SOAK_S=300 .venv/bin/pytest tests/test_reliability_soak.py -s` (docs/reliability.md).
@@ -68,7 +71,8 @@ class Supervised:
 @pytest.fixture(scope="module")
 def supervised(random_pair: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervised]:
     cfg = StackConfig(target=str(random_pair[0]), draft=str(random_pair[1]), grpc_port=free_port(),
-                      http_port=free_port(), k=3, num_blocks=NUM_BLOCKS, log_dir=tmp_path_factory.mktemp("soak"))
+                      http_port=free_port(), k=3, num_blocks=NUM_BLOCKS, log_dir=tmp_path_factory.mktemp("soak"),
+                      max_num_batched_tokens=32)
     stack = LocalStack(cfg)
     stack.start(timeout=120)
     s = Supervised(stack)
@@ -145,12 +149,15 @@ def test_soak_with_cancels_and_faults_ends_exact_with_every_block_free_and_no_pr
     end = time.monotonic() + SOAK_S
     completed: list[tuple[list[int], int, list[int]]] = []
     counts = {"completed": 0, "cancelled": 0, "failed": 0}
+    prefixes = [[rng.randrange(2, 90) for _ in range(rng.randint(40, 90))] for _ in range(3)]
 
     async def client(cid: int) -> None:
         run = grpc_run if cid % 2 else http_run
         port = stack.cfg.grpc_port if cid % 2 else stack.cfg.http_port
         while time.monotonic() < end:
             prompt = [rng.randrange(2, 90) for _ in range(rng.randint(2, 12))]
+            if rng.random() < 0.5:
+                prompt = rng.choice(prefixes) + prompt
             max_tokens = rng.randint(4, 80)
             cancel_after = rng.randint(1, 3) if rng.random() < 0.2 else None
             try:
@@ -187,6 +194,8 @@ def test_soak_with_cancels_and_faults_ends_exact_with_every_block_free_and_no_pr
         wait_until(lambda port=port: worker_info(port).free_blocks == NUM_BLOCKS, timeout=10)
         assert worker_info(port).sequences == 0
     status = supervised.health()
+    cache = status["prefix_cache"]
+    assert cache["target"]["hits"] > 0 and cache["draft"]["hits"] > 0 and cache["target"]["prefill_tokens"] > 0, cache
     supervised.close()
     codes = stack.stop()
     assert codes == {"verifier": 0, "draft": 0, "batch-manager": 0}, codes
