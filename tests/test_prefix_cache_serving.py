@@ -197,3 +197,67 @@ def test_a_request_cancelled_between_its_chunks_leaks_nothing_and_leaves_only_it
     assert again == reference
     assert 0 < partial < len(prompt) - 1 and 0 < hit <= (partial // BS) * BS  # verified chunks only
     assert_no_leak(workers[0])
+
+
+def test_a_mode_change_between_a_prompts_chunks_keeps_its_output(workers) -> None:
+    prompt = [(5 * i) % 95 + 2 for i in range(180)]
+
+    async def runs() -> tuple[list[int], list[int]]:
+        async with Manager(workers, enable_prefix_caching=False, max_num_batched_tokens=100000) as m:
+            reference, _ = await m.one(prompt, params())
+        async with Manager(workers, max_num_batched_tokens=16) as m:
+            driver = m.coordinator.driver
+            task = asyncio.create_task(m.one(prompt, params("mode-change")))
+            while driver.step < 3:
+                await asyncio.sleep(0.001)
+            assert driver.prompts.active, "the prompt must still be in its chunks"
+            await m.coordinator.apply_policy(mode="ar")
+            start = driver.step
+            while driver.step < start + 3:
+                await asyncio.sleep(0.001)
+            await m.coordinator.apply_policy(mode="psd")
+            out, _ = await task
+        return reference, out
+
+    reference, out = asyncio.run(asyncio.wait_for(runs(), 120))
+    assert out == reference
+    assert_no_leak(workers[0])
+
+
+@pytest.fixture(scope="module")
+def colocated(random_pair, tmp_path_factory: pytest.TempPathFactory):
+    """A verifier that drafts on its own model (--colocated-draft): both caches live in its process."""
+    env = {"verifier": {"MINEDRAFT_COLOCATED_DRAFT": str(random_pair[0])}}
+    stack = LocalStack(StackConfig(target=str(random_pair[0]), draft=str(random_pair[0]), grpc_port=free_port(),
+                                   http_port=free_port(), num_blocks=NUM_BLOCKS, process_env=env,
+                                   log_dir=tmp_path_factory.mktemp("colocated")))
+    stack.start_verifier()
+    yield stack, random_pair[0]
+    stack.stop()
+
+
+def test_the_colocated_draft_model_caches_and_chunks_too(colocated) -> None:
+    stack, folder = colocated
+
+    async def runs() -> tuple[list, list, list, dict[str, Any]]:
+        coordinator = Coordinator.over_grpc(Tokenizer(folder), "t", f"127.0.0.1:{stack.target_port}", None,
+                                            ManagerConfig(mode="sd", k=3, max_num_batched_tokens=16))
+        await coordinator.start(connect_timeout=120)
+        try:
+            async def one(p: list[int], q: SamplingParams) -> list[int]:
+                return [t async for c in coordinator.generate(p, q, "r") for t in c.token_ids]
+
+            coordinator.driver.config.enable_prefix_caching = False
+            reference = [await one(p, q) for p, q in prompt_params()]
+            coordinator.driver.config.enable_prefix_caching = True
+            cold = [await one(p, q) for p, q in prompt_params("colocated")]
+            warm = [await one(p, q) for p, q in prompt_params("colocated")]
+            return reference, cold, warm, coordinator.status()["prefix_cache"]
+        finally:
+            await coordinator.stop()
+
+    reference, cold, warm, cache = asyncio.run(asyncio.wait_for(runs(), 120))
+    assert cold == reference and warm == reference
+    hits = sum(reusable_blocks(len(p), BS) * BS for p in PROMPTS)
+    assert cache["target"]["hits"] == hits and cache["draft"]["hits"] == hits
+    assert cache["target"]["prefill_tokens"] > 0 and cache["draft"]["prefill_tokens"] > 0

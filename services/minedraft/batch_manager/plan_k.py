@@ -54,6 +54,10 @@ class PlanK:
         self.finishing = 0  # auto: plans whose k was chosen for the batch's end
         self.finish_kept: dict[tuple[int, int], list[int]] = {}  # batch (size, first sequence) -> [k, reuses left]
 
+    def prompt_chunks(self, step: int) -> None:
+        """The plan of `step` computes prompt chunks on both workers: its costs say nothing about k."""
+        self.cold[step] = (True, True)
+
     def for_plan(self, step: int, mode: str, k: int, with_drafts: bool, draft_batch: Sequence[int] = (),
                  verify_batch: Sequence[int] = (), added: Sequence[SeqSpec] = (),
                  redrafted: Sequence[SeqSpec] = (), removed: Sequence[int] = (), k_min: int = 1) -> int:

@@ -115,6 +115,8 @@ class StepDriver(WorkerRecovery):
         k = self.k_plan.for_plan(self.step, cfg.mode, cfg.k, with_drafts, batches.draft, batches.verify, adds,
                                  self.draft_adds, self.pending_remove, cfg.k_min)
         chunks = self.prompts.chunks(len(batches.verify) * (k + 1) + self._direct_tokens)
+        if chunks:
+            self.k_plan.prompt_chunks(self.step)
         fields = {"step": self.step, "remove": self.pending_remove, "draft_batch": batches.draft,
                   "verify_batch": batches.verify, "k": k, "with_drafts": with_drafts, "send_verdict": to_draft,
                   "draft_here": self.draft.drafts_here, "prefill": chunks}
