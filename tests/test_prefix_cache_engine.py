@@ -192,3 +192,21 @@ def test_a_chunk_short_of_the_cache_does_nothing_and_one_past_it_computes_the_re
     cache_report(drafter, stats)
     assert stats.prefill_tokens == 40 + (len(PROMPT) - 1 - 32) and stats.hits == 32
     assert SamplingParams().cache_salt is None
+
+
+def test_block_tables_round_their_width_up_within_the_limit() -> None:
+    """On the Triton path a growing context keeps one table-width class (no kernel compile mid-prompt)."""
+    from minedraft.engine.config import ModelConfig
+    from minedraft.engine.kv_cache import KVCache
+
+    cfg = ModelConfig(family="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                      num_kv_heads=1, head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=4096,
+                      tie_word_embeddings=False, qkv_bias=False, qk_norm=False)
+    cache = KVCache(cfg, 64, BS)
+    cache.allocator.ensure(1, 17 * BS)
+    cache.allocator.ensure(2, 2 * BS)
+    assert cache.block_table_tensor([1, 2], "cpu").shape == (2, 17)
+    table = cache.block_table_tensor([1, 2], "cpu", multiple=16, limit=40)
+    assert table.shape == (2, 32) and table[0, :17].tolist() == cache.allocator.table(1)
+    assert table[1, 2:].tolist() == [0] * 30  # padding entries, never read
+    assert cache.block_table_tensor([1], "cpu", multiple=16, limit=20).shape == (1, 20)

@@ -175,9 +175,14 @@ class KVCache:
     def block_size(self) -> int:
         return self.allocator.block_size
 
-    def block_table_tensor(self, seq_ids: list[int], device: torch.device | str) -> torch.Tensor:
-        """Padded [B, max_blocks] table of physical block ids for a batch."""
+    def block_table_tensor(self, seq_ids: list[int], device: torch.device | str, multiple: int = 1,
+                           limit: int = 0) -> torch.Tensor:
+        """Padded [B, max_blocks] table of physical block ids for a batch; with `multiple`, the width is rounded
+        up to one (within `limit`), so a growing context keeps one shape class (Triton specializes an integer
+        argument on its divisibility by 16 and compiles a new kernel when that changes: about a second)."""
         tables = [self.allocator.table(s) for s in seq_ids]
         width = max((len(t) for t in tables), default=1) or 1
+        if multiple > 1:
+            width = max(width, min(-(-width // multiple) * multiple, limit or width))
         rows = [t + [0] * (width - len(t)) for t in tables]
         return torch.tensor(rows, dtype=torch.long, device=device)

@@ -18,6 +18,8 @@ from minedraft.engine.kv_cache import BlockAllocator, KVCache
 from minedraft.engine.model import CausalLM
 from minedraft.engine.transfer import to_device
 
+TABLE_MULTIPLE = 16  # block-table width granularity on the Triton path (kv_cache.block_table_tensor)
+
 
 def attention_backend(device: torch.device) -> str:
     if device.type != "cuda":
@@ -103,7 +105,8 @@ class ModelRunner:
         blocks exist before the step is queued."""
         for seq_id, limit in zip(seq_ids, reserve, strict=True):
             self.cache.allocator.ensure(seq_id, limit)
-        tables = self.cache.block_table_tensor(seq_ids, "cpu")
+        tables = self.cache.block_table_tensor(seq_ids, "cpu", TABLE_MULTIPLE if self.backend == "triton" else 1,
+                                               self.max_blocks_per_seq)
         if self.graphs is not None and self.graphs.can_replay(len(seq_ids), ids.shape[1], last_n, tables.shape[1]):
             return self.graphs.replay(ids, starts, query_lens, tables, last_n)
         if not isinstance(starts, torch.Tensor):
