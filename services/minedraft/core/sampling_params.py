@@ -7,6 +7,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from minedraft.core.errors import InvalidRequestError
+from minedraft.core.structured import StructuredOutput
 
 MIN_TEMPERATURE = 1e-5  # below this, logits / temperature can overflow float32; use 0 for greedy
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI and vLLM's --max-logprobs default
@@ -50,6 +51,8 @@ class SamplingParams:
     # Prefix caching: joins the hash of the first KV block, so only requests with the same salt share cached
     # blocks (a tenant cannot time another's prompts). Not a sampling setting; it travels with them.
     cache_salt: str | None = None
+    # The output must match this (JSON schema, regex, choice, grammar); every position is masked with it.
+    structured: StructuredOutput | None = None
 
     @property
     def greedy(self) -> bool:
@@ -59,7 +62,8 @@ class SamplingParams:
     def processes_logits(self) -> bool:
         """Whether the target's logits are changed before sampling (beyond temperature, top-k and top-p)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias or self.min_tokens or self.allowed_token_ids or self.min_p)
+                    or self.logit_bias or self.min_tokens or self.allowed_token_ids or self.min_p
+                    or self.structured is not None)
 
     @property
     def penalised(self) -> bool:
@@ -117,6 +121,8 @@ class SamplingParams:
                                       param="logit_bias")
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise InvalidRequestError("cache_salt must be a non-empty string", param="cache_salt")
+        if self.structured is not None:
+            self.structured.check()
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise InvalidRequestError("allowed_token_ids must not be empty", param="allowed_token_ids")
         if vocab_size is not None:
