@@ -16,6 +16,7 @@ from minedraft.core.errors import InvalidRequestError
 from minedraft.core.logprobs import TokenLogprob
 from minedraft.core.request import Request
 from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.structured import StructuredOutput
 from minedraft.proto import control_pb2, generation_pb2
 
 # OpenAI's defaults, used wherever the client left a field unset.
@@ -123,6 +124,8 @@ def seq_spec(req: Request, stop_ids: Iterable[int] = (), fork_of: int | None = N
     if p.min_tokens:
         masked = set(p.stop_token_ids) | (set() if p.ignore_eos else set(stop_ids))
         sampling.min_tokens_stop_ids.extend(sorted(masked))
+    if p.structured is not None:
+        sampling.grammar = p.structured.grammar()
     if p.logprobs is not None:
         sampling.logprobs = p.logprobs
     if p.prompt_logprobs is not None and req.prompt_logprobs is None:
@@ -148,6 +151,7 @@ def sampling_from_spec(spec: control_pb2.SeqSpec) -> SamplingParams:
         logprobs=s.logprobs if s.HasField("logprobs") else None,
         prompt_logprobs=s.prompt_logprobs if s.HasField("prompt_logprobs") else None,
         logprobs_mode="processed_logprobs" if s.processed_logprobs else "raw_logprobs",
+        structured=StructuredOutput("llguidance", s.grammar) if s.grammar else None,
     )
 
 

@@ -59,6 +59,8 @@ def launchable_kd(drafter: Drafter, awaited: AwaitedVerdict | None, plan: contro
         return None
     if not set(plan.remove).isdisjoint((*in_flight, *ids)):
         return None
+    if drafter.grammars.rows(ids):  # its masks need each draft on the host before the next
+        return None
     kd = awaited_k(drafter, ids[0])
     if kd < 1 or any(awaited_k(drafter, s) != kd for s in ids):
         return None

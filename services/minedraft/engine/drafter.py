@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minedraft.engine.grammar import mask_logits
 from minedraft.engine.sampling import STREAM_DRAFT, sample_tokens
 from minedraft.engine.sequence_host import SequenceHost
 
@@ -47,13 +48,21 @@ class Drafter(SequenceHost):
         ones = torch.ones_like(lengths)
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []  # stays empty for an all-greedy batch
+        grammar_rows = self.grammars.rows(seq_ids)  # masked one position at a time, on the host's matchers
         for i in range(k):
+            if grammar_rows:
+                logits = mask_logits(logits, grammar_rows, self.grammars.draft_mask(seq_ids, grammar_rows).unsqueeze(1))
             token, prob = sample_tokens(logits, sampling, (lengths + i).unsqueeze(1), STREAM_DRAFT)
+            if grammar_rows:
+                picked = token[:, 0].tolist()
+                self.grammars.consume_drafts(seq_ids, grammar_rows, [picked[b] for b in grammar_rows])
             tokens.append(token[:, 0])
             if prob is not None:
                 probs.append(prob[:, 0])
             if i + 1 < k:
                 logits = self.runner.forward_on_device(seq_ids, token, lengths + i, ones, reserve, last_n=1)
+        if grammar_rows:
+            self.grammars.rollback_drafts(seq_ids, grammar_rows)  # drafts are not output until verified
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
     def commit(self, seq_id: int, new_tokens: list[int], accepted: int) -> None:
@@ -63,3 +72,4 @@ class Drafter(SequenceHost):
         st.tokens.extend(new_tokens)
         self.runner.truncate(seq_id, st.cached)
         self.prefix.publish(st)
+        self.grammars.commit(seq_id, new_tokens)

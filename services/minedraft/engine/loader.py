@@ -97,4 +97,6 @@ def load_model(
     files = safetensors_files(path)
     model = CausalLM.empty(cfg, tp.reducer(), device, dtype)
     load_state(model, files, tp)
-    return model.fuse_projections().eval()
+    model = model.fuse_projections().eval()
+    model.source_dir = path  # where grammar masks find the model's tokenizer.json
+    return model

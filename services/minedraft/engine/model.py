@@ -7,6 +7,7 @@ and so on) so safetensors load by name with no renaming table.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -130,6 +131,7 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, reduce: Reduce = _identity) -> None:
         super().__init__()
         self.config = cfg
+        self.source_dir: Path | None = None  # the folder it was loaded from (its tokenizer.json serves grammars)
         self.model = DecoderBody(cfg, reduce)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

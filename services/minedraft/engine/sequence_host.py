@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from minedraft.core.sampling_params import SamplingParams
+from minedraft.engine.grammar import GrammarMasks
 from minedraft.engine.prefix_cache import PrefixCaching
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.sampling import BatchSampling
@@ -21,6 +22,8 @@ class SequenceHost:
         self.seqs: dict[int, SeqState] = {}
         self.shared_tokens = 0  # prompt positions forks took from a sibling instead of computing them
         self.prefix = PrefixCaching(runner.allocator)
+        self.grammars = GrammarMasks(runner.config.vocab_size, runner.device, runner.config.eos_token_ids)
+        self.grammars.tokenizer_dir = getattr(runner.model, "source_dir", None)
 
     @property
     def vocab_size(self) -> int:
@@ -36,6 +39,8 @@ class SequenceHost:
         params.resolved_seed()
         st = SeqState(seq_id, list(tokens), params, prompt_len=len(tokens) if prompt_len is None else prompt_len)
         self.seqs[seq_id] = st
+        if params.structured is not None:
+            self.grammars.add(seq_id, params.structured.grammar(), st.tokens[st.prompt_len:])
         if prefix_cache:
             self.prefix.admit(st, cache_salt, read_cache)
 
@@ -79,6 +84,7 @@ class SequenceHost:
         """Forget a sequence and give its KV blocks back at once."""
         self.seqs.pop(seq_id, None)
         self.prefix.forget(seq_id)
+        self.grammars.forget(seq_id)
         self.runner.free(seq_id)
 
     def blocks_needed(self, seq_ids: list[int], lookahead: int) -> int:

@@ -10,6 +10,7 @@ import torch
 from minedraft.core.logprobs import TokenLogprob
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.drafter import Proposal
+from minedraft.engine.grammar import mask_logits
 from minedraft.engine.logits_processing import LogitsProcessing, processes
 from minedraft.engine.logprobs import log_softmax, pack, unpack
 from minedraft.engine.readback import Readback
@@ -69,7 +70,8 @@ class Verifier(SequenceHost):
             **cache: Any) -> None:
         super().add(seq_id, tokens, params, prompt_len, **cache)
         self.processing.forget(seq_id)
-        if processes(params) or params.logprobs is not None or params.prompt_logprobs is not None:
+        if (processes(params) or params.logprobs is not None or params.prompt_logprobs is not None
+                or params.structured is not None):
             self.featured.add(seq_id)
 
     def remove(self, seq_id: int) -> None:
@@ -102,8 +104,13 @@ class Verifier(SequenceHost):
         k = drafts.shape[1]
         featured = bool(self.featured) and not self.featured.isdisjoint(seq_ids)
         prompt_rows = [b for b, st in enumerate(states) if self._wants_prompt_logprobs(st)] if featured else []
+        grammar_rows = self.grammars.rows(seq_ids) if featured else []
+        drafts_host = drafts.tolist() if grammar_rows else []  # before the forward is queued: masks overlap it
         logits, full = self._score(states, drafts, bool(prompt_rows))
         processed = self.processing.apply(logits, states, drafts) if featured else logits
+        if grammar_rows:
+            processed = mask_logits(processed, grammar_rows, self.grammars.verify_masks(seq_ids, grammar_rows,
+                                                                                        drafts_host))
         sampling = self.sampling(seq_ids)
         lengths = self.runner.to_device(torch.tensor([st.length for st in states], dtype=torch.long))
         positions = lengths.unsqueeze(1) + torch.arange(k + 1, device=device)
@@ -175,6 +182,7 @@ class Verifier(SequenceHost):
             st.tokens.extend(row[: n + 1])
             self.runner.truncate(seq_id, st.cached)
             self.prefix.publish(st)
+            self.grammars.commit(seq_id, row[: n + 1])
         return rows, accepted
 
     def _commit_logprobs(self, seq_ids: list[int], rows: list[list[int]], accepted: list[int],

@@ -43,7 +43,7 @@ class LaunchedStep:
 
 def plain(params: SamplingParams) -> bool:
     """No logprobs to read back and no logits processing: what the launched step's readback carries."""
-    return params.logprobs is None and not processes(params)
+    return params.logprobs is None and not processes(params) and params.structured is None
 
 
 def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids: list[int],
