@@ -1,8 +1,10 @@
-"""What logprobs and penalties cost per engine step, side by side with plain requests in one run.
+"""What logprobs, penalties and grammars cost per engine step, side by side with plain requests in one run.
 
-For each mode (AR, SD) and batch size, one engine decodes the same greedy batch four ways, the variants
+For each mode (AR, SD) and batch size, one engine decodes the same greedy batch five ways, the variants
 interleaved round by round so machine noise hits them alike: plain, logprobs (5 alternatives per token),
-penalties (repetition 1.1, frequency 0.5, presence 0.5) and both. It prints the median ms per engine step,
+penalties (repetition 1.1, frequency 0.5, presence 0.5), both, and grammar (every row constrained to a JSON
+array of strings, a schema that never ends within the run: the masks of target and draft at every position;
+only with a model that has a tokenizer, i.e. the tiny pair). It prints the median ms per engine step,
 each variant's ratio to plain, and whether the logprobs variant emitted exactly the plain tokens (logprobs
 must not change a token). On CUDA the step is also set beside the bandwidth bound of reading the target's
 weights once (`--bandwidth-gbs`, the copy bandwidth of the device).
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 
 from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.structured import StructuredOutput
 from minedraft.engine.llm_engine import LLMEngine
 
 VARIANTS: dict[str, dict[str, object]] = {
@@ -28,6 +31,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "logprobs": {"logprobs": 5},
     "penalties": {"repetition_penalty": 1.1, "frequency_penalty": 0.5, "presence_penalty": 0.5},
     "both": {"logprobs": 5, "repetition_penalty": 1.1, "frequency_penalty": 0.5, "presence_penalty": 0.5},
+    "grammar": {"structured": StructuredOutput("json_schema", '{"type": "array", "items": {"type": "string"}}')},
 }
 
 
@@ -65,29 +69,40 @@ def sync(device: str) -> None:
 
 
 def run_once(engine: LLMEngine, prompts: list[list[int]], tokens: int, extra: dict, device: str
-             ) -> tuple[float, list[list[int]]]:
+             ) -> tuple[float, list[list[int]], int]:
     params = [SamplingParams(max_tokens=tokens, ignore_eos=True, **extra) for _ in prompts]  # type: ignore[arg-type]
     steps = engine.total_steps
     sync(device)
     start = time.perf_counter()
     reqs = engine.generate(prompts, params)
     sync(device)
-    return (time.perf_counter() - start) * 1000.0 / (engine.total_steps - steps), [r.output_ids for r in reqs]
+    steps = engine.total_steps - steps
+    return (time.perf_counter() - start) * 1000.0 / steps, [r.output_ids for r in reqs], steps
 
 
-def measure(engine: LLMEngine, batch: int, tokens: int, rounds: int, device: str) -> dict[str, object]:
+def measure(engine: LLMEngine, batch: int, tokens: int, rounds: int, device: str, variants: dict[str, dict]
+            ) -> dict[str, object]:
     vocab = engine.target.vocab_size
     prompts = [[(31 * i + 7 * j) % (vocab - 2) + 2 for j in range(32)] for i in range(batch)]
-    for extra in VARIANTS.values():  # warm-up: graphs, allocator, first-use tables
+    for extra in variants.values():  # warm-up: graphs, allocator, first-use tables
         run_once(engine, prompts, 4, extra, device)
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    times: dict[str, list[float]] = {name: [] for name in variants}
     outputs: dict[str, list[list[int]]] = {}
+    def masks_ms() -> float:
+        return engine.target.grammars.mask_ms + (engine.draft.grammars.mask_ms if engine.draft else 0.0)
+
+    mask_ms, grammar_steps = 0.0, 0
     for _ in range(rounds):
-        for name, extra in VARIANTS.items():
-            ms, outputs[name] = run_once(engine, prompts, tokens, extra, device)
+        for name, extra in variants.items():
+            before = masks_ms()
+            ms, outputs[name], steps = run_once(engine, prompts, tokens, extra, device)
             times[name].append(ms)
+            if name == "grammar":
+                mask_ms += masks_ms() - before
+                grammar_steps += steps
     medians = {name: statistics.median(v) for name, v in times.items()}
     return {"ms_per_step": medians, "ratio_to_plain": {n: m / medians["plain"] for n, m in medians.items()},
+            "mask_host_ms_per_step": mask_ms / grammar_steps if grammar_steps else None,
             "logprobs_tokens_equal_plain": outputs["logprobs"] == outputs["plain"],
             "both_tokens_equal_penalties": outputs["both"] == outputs["penalties"]}
 
@@ -111,16 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     print(f"{args.pair} on {args.device}; bound (target weights once at {args.bandwidth_gbs:g} GB/s): "
           f"{'n/a' if bound_ms is None else f'{bound_ms:.2f} ms'}")
-    print("mode  batch  plain ms  logprobs  penalties  both   (ratio to plain; tokens equal)")
+    variants = {n: v for n, v in VARIANTS.items() if n != "grammar" or args.pair == "tiny"}
+    print("mode  batch  plain ms  logprobs  penalties  both   grammar (host mask time per step)  tokens equal")
     for mode, engine in made.items():
         for batch in sizes:
-            r = measure(engine, batch, args.tokens, args.rounds, args.device)
+            r = measure(engine, batch, args.tokens, args.rounds, args.device, variants)
             results.append({"mode": mode, "batch": batch, "k": args.k if mode == "sd" else 0, **r})
             ms, ratio = r["ms_per_step"], r["ratio_to_plain"]
             assert isinstance(ms, dict) and isinstance(ratio, dict)
+            grammar = (f"{ratio['grammar']:7.3f} ({r['mask_host_ms_per_step']:.3f} ms masks)" if "grammar" in ratio
+                       else "    n/a")
             print(f"{mode:4}  {batch:5}  {ms['plain']:8.2f}  {ratio['logprobs']:8.3f}  {ratio['penalties']:9.3f}  "
-                  f"{ratio['both']:5.3f}  {r['logprobs_tokens_equal_plain']} {r['both_tokens_equal_penalties']}",
-                  flush=True)
+                  f"{ratio['both']:5.3f}  {grammar}  {r['logprobs_tokens_equal_plain']} "
+                  f"{r['both_tokens_equal_penalties']}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"pair": args.pair, "device": args.device, "bound_ms": bound_ms,
                                               "results": results}, indent=1))
