@@ -184,3 +184,21 @@ def test_greedy_structured_output_in_psd_is_ars(engines, psd_workers) -> None:
             await coordinator.stop()
 
     assert asyncio.run(asyncio.wait_for(served(), 120)) == expected
+
+
+def test_a_grammar_the_models_tokenizer_cannot_serve_is_refused_before_any_worker_sees_it() -> None:
+    from llguidance import LLMatcher
+
+    from minedraft.core.errors import InvalidRequestError
+    from minedraft.core.structured import GrammarChecker
+
+    tokenizer = Tokenizer(TINY_TARGET)
+    checker = GrammarChecker(tokenizer.backend.to_str(), tokenizer.vocab_size, [0])
+    fine = structured("regex", "[a-z]+")
+    checker.check(fine)
+    unknown = StructuredOutput("llguidance", LLMatcher.grammar_from_lark('start: <|no_such_token|> "a"'),
+                               param="structured_outputs")
+    unknown.check()  # valid on its own
+    with pytest.raises(InvalidRequestError) as err:
+        checker.check(unknown)
+    assert err.value.param == "structured_outputs" and "no_such_token" in str(err.value)

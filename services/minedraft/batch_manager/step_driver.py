@@ -38,6 +38,7 @@ from minedraft.batch_manager.verifier_supervisor import VerifierSupervisor
 from minedraft.core.codec import seq_spec
 from minedraft.core.request import Request
 from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.structured import GrammarChecker
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.proto import control_pb2
 
@@ -64,6 +65,7 @@ class StepDriver(WorkerRecovery):
         self.prompts = PromptPlanner()  # prefix-cache estimate and chunked prefill (prompt_planner.py)
         self.verifier_device = "cpu"  # the verifier's torch device type: the default token budget's key
         self._direct_tokens = 0
+        self._grammar_checker: GrammarChecker | None = None  # structured outputs, against the tokenizer
         self.step = 0  # the next plan's step
         self.in_flight = 0  # plans the verifier has not answered yet
         self.serving = False  # the verifier's stream is up
@@ -232,6 +234,8 @@ class StepDriver(WorkerRecovery):
             raise UnavailableError("the server is shutting down; retry (on another replica)")
         if not self.serving:
             raise UnavailableError("the verifier is not connected (starting, or lost); retry shortly")
+        if params.structured is not None:
+            self._grammars().check(params.structured)
         req = self.admission.submit(prompt_ids, params, self.config.k, self.config.pipeline_depth, share_prompt)
         queue = self.streams.open(req, partial)
         timer = None if deadline is None else asyncio.get_running_loop().call_at(deadline, self.abort, req, True)
@@ -245,6 +249,12 @@ class StepDriver(WorkerRecovery):
             self.streams.close(req)
             if not req.finished:
                 self.abort(req)
+
+    def _grammars(self) -> GrammarChecker:
+        if self._grammar_checker is None:
+            self._grammar_checker = GrammarChecker(self.tokenizer.backend.to_str(), self.tokenizer.vocab_size,
+                                                   sorted(self.eos_ids))
+        return self._grammar_checker
 
     def _retire(self, req: Request) -> None:
         """Leave both batches at once; the next plan frees its KV blocks on both workers."""

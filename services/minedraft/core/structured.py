@@ -69,3 +69,29 @@ def compiled_grammar(kind: str, spec: str, param: str) -> str:
         raise
     except (ValueError, TypeError) as exc:
         raise InvalidRequestError(f"{param} is not valid: {exc}", param=param) from None
+
+
+class GrammarChecker:
+    """Compiles each distinct grammar once against the model's tokenizer, as the workers will (a grammar valid
+    on its own can still fail there: the batch manager refuses it rather than a worker failing a step)."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: list[int]) -> None:
+        self.tokenizer_json, self.vocab_size, self.eos_ids = tokenizer_json, vocab_size, eos_ids
+        self._tokenizer = None  # llguidance.LLTokenizer, built on the first grammar
+        self._good: dict[str, None] = {}  # grammars that compiled, most recent last (bounded)
+
+    def check(self, structured: StructuredOutput) -> None:
+        from llguidance import LLMatcher, LLTokenizer
+
+        grammar = structured.grammar()
+        if grammar in self._good:
+            return
+        if self._tokenizer is None:
+            self._tokenizer = LLTokenizer(self.tokenizer_json, n_vocab=self.vocab_size, eos_token=self.eos_ids or None)
+        matcher = LLMatcher(self._tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise InvalidRequestError(f"{structured.param} does not compile for this model's tokenizer: "
+                                      f"{matcher.get_error().strip()[:300]}", param=structured.param)
+        self._good[grammar] = None
+        if len(self._good) > 256:
+            del self._good[next(iter(self._good))]
