@@ -25,6 +25,8 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5,
                 1.0, 2.5)
 OVERLAP_BUCKETS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
+# Tokens per request: vLLM's 1-2-5 series (it stops at max_model_len; these go past any context).
+TOKEN_BUCKETS = tuple(float(m * 10**e) for e in range(7) for m in (1, 2, 5))
 MODES = ("psd", "sd", "ar")
 
 
@@ -54,6 +56,11 @@ class ServingMetrics:
         self.tpot = histogram("vllm:request_time_per_output_token_seconds",
                               "Per request: decode time / (output tokens - 1).", ITL_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish.", REQUEST_BUCKETS)
+        # One observation per finished request, so the sums equal the token counters (autoscalers read both).
+        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Prompt tokens of each finished request.",
+                                               TOKEN_BUCKETS)
+        self.request_generation_tokens = histogram("vllm:request_generation_tokens",
+                                                   "Tokens generated for each finished request.", TOKEN_BUCKETS)
         self.queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to admission into a batch.",
                                     REQUEST_BUCKETS)
         self.num_drafts = counter("vllm:spec_decode_num_drafts", "Draft proposals judged (one per sequence and step).")
@@ -89,6 +96,8 @@ class ServingMetrics:
         self._itl = self.itl.labels(model_name)
         self._tpot = self.tpot.labels(model_name)
         self._e2e = self.e2e.labels(model_name)
+        self._request_tokens = (self.request_prompt_tokens.labels(model_name),
+                                self.request_generation_tokens.labels(model_name))
         self._queue = self.queue_time.labels(model_name)
         self._drafts = self.num_drafts.labels(model_name)
         self._draft_tokens = self.draft_tokens.labels(model_name)
@@ -120,6 +129,8 @@ class ServingMetrics:
     def request_finished(self, reason: str, prompt_tokens: int, output_tokens: int, e2e_seconds: float,
                          decode_seconds: float | None) -> None:
         self._prompt.inc(prompt_tokens)
+        self._request_tokens[0].observe(prompt_tokens)
+        self._request_tokens[1].observe(output_tokens)
         success = self._success.get(reason)
         if success is None:
             success = self._success[reason] = self.request_success.labels(self.model_name, reason)
