@@ -9,9 +9,10 @@ from typing import Any
 from minedraft_operator.admin import AdminClient, AdminError
 from minedraft_operator.admin_secret import AdminKeyError, admin_keys
 from minedraft_operator.crds import API_VERSION
-from minedraft_operator.kube import KubeApi, api_path
+from minedraft_operator.kube import ApiError, KubeApi, api_path
 from minedraft_operator.policy import differs, pinned_to_ar, policy_body
-from minedraft_operator.render import OWNED_KINDS, OperatorPods, render
+from minedraft_operator.pool_status import pool_condition
+from minedraft_operator.render import OPTIONAL_KINDS, OWNED_KINDS, OperatorPods, render
 from minedraft_operator.render.admin_key import admin_key_ref
 from minedraft_operator.render.names import INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, selector_string
 from minedraft_operator.spec import DeploymentSpec
@@ -33,18 +34,31 @@ async def apply_objects(api: KubeApi, mdd: dict[str, Any], operator: OperatorPod
         await admin_keys(api, spec)
     desired = render(mdd, operator)
     plurals = {kind: plural for _, kind, plural in OWNED_KINDS}
+    applied = []
     for obj in desired:
-        await api.apply(obj, plurals[obj["kind"]])
+        try:
+            await api.apply(obj, plurals[obj["kind"]])
+        except ApiError as err:
+            if err.status != 404 or obj["kind"] not in OPTIONAL_KINDS:
+                raise
+            continue  # its CRD is not installed: the status says so (pool_status), the rest still applies
+        applied.append(obj)
     keep = {(o["kind"], o["metadata"]["name"]) for o in desired}
     meta = mdd["metadata"]
     selector = f"{INSTANCE_LABEL}={meta['name']},{MANAGED_BY_LABEL}={MANAGER}"
     for api_version, kind, plural in OWNED_KINDS:
-        for obj in await api.list(api_path(api_version, plural, meta["namespace"]), selector):
+        try:
+            existing = await api.list(api_path(api_version, plural, meta["namespace"]), selector)
+        except ApiError as err:
+            if err.status == 404 and kind in OPTIONAL_KINDS:
+                continue  # no such kind in this cluster: nothing of it to prune
+            raise
+        for obj in existing:
             name = obj["metadata"]["name"]
             owned = any(ref.get("uid") == meta.get("uid") for ref in obj["metadata"].get("ownerReferences", []))
             if owned and (kind, name) not in keep:
                 await api.delete(api_path(api_version, plural, meta["namespace"], name))
-    return [f"{o['kind']}/{o['metadata']['name']}" for o in desired]
+    return [f"{o['kind']}/{o['metadata']['name']}" for o in applied]
 
 
 async def _replica(admin: AdminClient, pod: PodView, port: int, body: dict[str, Any], generation: int,
@@ -106,6 +120,10 @@ async def sync_deployment(api: KubeApi, admin: AdminClient, mdd: dict[str, Any])
                                           for p in serving)))
     old = mdd.get("status", {}).get("conditions", [])
     gen = mdd["metadata"].get("generation", 1)
+    new = conditions(spec.raw["replicas"], spec.gpu_mode, pods, reports, missing)
+    pool = await pool_condition(api, spec)
+    if pool is not None:
+        new.append(pool)
     status: dict[str, Any] = {
         "replicas": len(pods),
         "readyReplicas": sum(p.ready for p in pods),
@@ -113,8 +131,7 @@ async def sync_deployment(api: KubeApi, admin: AdminClient, mdd: dict[str, Any])
         "policy": {"name": policy["metadata"]["name"] if policy else "", "generation": generation},
         "replicaStatus": [r.entry() for r in reports],
         **summary(reports),
-        "conditions": merge_conditions(old, conditions(spec.raw["replicas"], spec.gpu_mode, pods, reports, missing),
-                                       _now(), gen),
+        "conditions": merge_conditions(old, new, _now(), gen),
     }
     await api.patch_status(api_path(API_VERSION, MDD_PLURAL, ns, spec.name), status)
     if policy:

@@ -52,7 +52,8 @@ def test_operator_objects_pass_strict_kubernetes_validation(values: Path, render
     kinds = [o["kind"] for o in objects]
     gpu_mode = one(rendered[values.name], "MineDraftDeployment")["spec"]["gpu"]["mode"]
     assert kinds == (["ResourceClaimTemplate"] if gpu_mode == "dra" else []) + ["NetworkPolicy", "Deployment",
-                                                                               "Service", "PodDisruptionBudget"]
+                                                                               "Service", "Service",
+                                                                               "PodDisruptionBudget"]
     for manifest in objects:
         kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
 
@@ -81,7 +82,7 @@ def test_helm_test_reaches_what_the_operator_serves(values: Path, rendered: dict
                                                     crds: dict[str, Manifest]) -> None:
     manifests = rendered[values.name]
     objects = operator_objects(rendered, crds, values.name)
-    service = one(objects, "Service")
+    (service,) = [s for s in by_kind(objects, "Service") if s["spec"].get("clusterIP") != "None"]
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
     flags = _flags(one(manifests, "Pod"))
     assert flags["grpc"] == f"{service['metadata']['name']}:{ports['grpc']}"

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from minedraft.observability.metrics import ServingMetrics
-from tests.chart.k8s_tools import CHART, KUBE_VERSION, Manifest, helm_template, one
+from tests.chart.k8s_tools import CHART, KUBE_VERSION, Manifest, by_kind, helm_template, one
 from tests.chart.test_example_resources import operator_objects
 
 ENABLED = ["monitoring.serviceMonitor.enabled=true", "monitoring.grafanaDashboard.enabled=true"]
@@ -54,9 +54,11 @@ def test_dashboard_configmap_for_the_sidecar_charts_only_exported_metrics(helm: 
 def test_service_monitor_selects_the_service_the_operator_creates(helm: Path, rendered: dict[str, list[Manifest]],
                                                                   crds: dict[str, Manifest]) -> None:
     monitor = one(helm_template(helm, CHART, sets=ENABLED), "ServiceMonitor")
-    service = one(operator_objects(rendered, crds, "cpu-values.yaml"), "Service")
+    service, headless = by_kind(operator_objects(rendered, crds, "cpu-values.yaml"), "Service")
+    assert headless["spec"]["clusterIP"] == "None"
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
+    assert not selector.items() <= headless["metadata"]["labels"].items()  # each pod scraped once
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["path"] == "/metrics"
     assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}

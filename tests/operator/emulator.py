@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -29,14 +30,21 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "resource.k8s.io/v1/resourceclaimtemplates": {"kind": "ResourceClaimTemplate"},
     "networking.k8s.io/v1/networkpolicies": {"kind": "NetworkPolicy"},
     "policy/v1/poddisruptionbudgets": {"kind": "PodDisruptionBudget"},
+    "inference.networking.k8s.io/v1/inferencepools": {"kind": "InferencePool"},
     "v1/secrets": {"kind": "Secret"},
     "v1/namespaces": {"kind": "Namespace", "namespaced": False},
     "apiextensions.k8s.io/v1/customresourcedefinitions": {"kind": "CustomResourceDefinition", "namespaced": False},
 }
 
 
-def declare_resources(kmock: Any) -> None:
+def declare_resources(kmock: Any, absent: tuple[str, ...] = ()) -> None:
+    """Every kind the operator touches, but those in `absent` (a cluster without their CRD)."""
+    for key in absent:  # the emulator would serve any path: answer 404 as an API server without the CRD does
+        group_version, _, plural = key.rpartition("/")
+        (kmock ** 100)[re.compile(rf"^/apis/{re.escape(group_version)}/(namespaces/[^/]+/)?{plural}(/.*)?$")] << 404
     for key, info in RESOURCES.items():
+        if key in absent:
+            continue
         kmock.resources[key] = kmock.ResourceInfo(kind=info["kind"], namespaced=info.get("namespaced", True),
                                                   verbs=ALL_VERBS, subresources=info.get("subresources", set()))
 
@@ -90,9 +98,11 @@ class Cluster:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(kmock: Any, sync_seconds: float = 1.0) -> AsyncIterator[Cluster]:
-    """The operator as a task on the test's loop (the emulator serves from it too)."""
-    declare_resources(kmock)
+async def running_operator(kmock: Any, sync_seconds: float = 1.0,
+                           absent: tuple[str, ...] = ()) -> AsyncIterator[Cluster]:
+    """The operator as a task on the test's loop (the emulator serves from it too); `absent`: resources
+    (RESOURCES keys) the cluster does not serve."""
+    declare_resources(kmock, absent)
     server = str(kmock.url)
     state = OperatorState(sync_seconds=sync_seconds)
     registry = build_registry(state, login=lambda **_: kopf.ConnectionInfo(server=server, insecure=True))

@@ -15,7 +15,10 @@ GPU_CONTAINERS_TP = {1: ["verifier", "draft"], 2: ["verifier", "verifier-tp1", "
 
 def rendered(mdd: dict[str, Any]) -> dict[str, dict[str, Any]]:
     mdd["metadata"].update(namespace="ml", uid="1234-uid")
-    return {o["kind"]: o for o in render(mdd)}
+    objs: dict[str, dict[str, Any]] = {}
+    for o in render(mdd):
+        objs.setdefault(o["kind"], o)  # the first of a kind: the main Service before the headless one
+    return objs
 
 
 def containers(objs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

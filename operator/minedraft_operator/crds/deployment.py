@@ -10,6 +10,7 @@ from minedraft_operator.crds.common import (
     tolerations,
     worker_tuning,
 )
+from minedraft_operator.crds.routing import routing
 from minedraft_operator.crds.schema import (
     Schema,
     array,
@@ -211,6 +212,7 @@ def spec_schema() -> Schema:
                              "the policy defaults.", {"name": string("SpeculationPolicy name.", min_length=1,
                                                                       max_length=253)}, required=["name"]),
             "auth": _auth(),
+            "routing": routing(),
             "networkPolicy": obj("A NetworkPolicy that lets only the operator's pods reach the batch manager's "
                                  "admin port (every other port stays open as without it).", {
                                      "enabled": boolean("Render the NetworkPolicy (clusters without a NetworkPolicy "
@@ -268,5 +270,6 @@ def status_schema() -> Schema:
             "generation": integer("Its metadata.generation."),
         }),
         "replicaStatus": array("Per-pod report.", replica),
-        "conditions": conditions(("Ready", "GPUsAllocated", "DraftLinkReady", "PolicyApplied", "Degraded")),
+        "conditions": conditions(("Ready", "GPUsAllocated", "DraftLinkReady", "PolicyApplied", "Degraded",
+                                 "InferencePoolReady")),
     })

@@ -13,7 +13,8 @@ from minedraft_operator.render.disruption import disruption_budget
 from minedraft_operator.render.gpu import claim_template
 from minedraft_operator.render.network import OperatorPods, network_policy
 from minedraft_operator.render.pod import deployment
-from minedraft_operator.render.service import service
+from minedraft_operator.render.routing import POOL_API_VERSION, POOL_PLURAL, inference_pool, pool_enabled
+from minedraft_operator.render.service import headless_service, service
 from minedraft_operator.spec import DeploymentSpec
 
 # Kinds the operator owns, as (apiVersion, kind, plural): what it applies and prunes.
@@ -23,7 +24,10 @@ OWNED_KINDS = (
     ("v1", "Service", "services"),
     ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
     ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+    (POOL_API_VERSION, "InferencePool", POOL_PLURAL),
 )
+# Owned kinds whose CRD a cluster may lack: a 404 skips them (reported in status) instead of failing.
+OPTIONAL_KINDS = frozenset({"InferencePool"})
 
 
 def render(resource: dict[str, Any], operator: OperatorPods | None = None) -> list[dict[str, Any]]:
@@ -36,10 +40,13 @@ def render(resource: dict[str, Any], operator: OperatorPods | None = None) -> li
         objects.append(claim_template(spec))
     if spec.raw["networkPolicy"]["enabled"]:
         objects.append(network_policy(spec, operator or OperatorPods()))
-    objects += [deployment(spec), service(spec)]
+    serving = deployment(spec)
+    objects += [serving, service(spec), headless_service(spec)]
     if spec.raw["disruptionBudget"]["enabled"]:
         objects.append(disruption_budget(spec))
+    if pool_enabled(spec):
+        objects.append(inference_pool(spec, serving["spec"]["template"]["spec"]))
     return objects
 
 
-__all__ = ["OWNED_KINDS", "OperatorPods", "render"]
+__all__ = ["OPTIONAL_KINDS", "OWNED_KINDS", "OperatorPods", "render"]

@@ -16,6 +16,7 @@ from minedraft_operator.render.names import BATCH_MANAGER, SERVER, labels, metad
 from minedraft_operator.spec import DeploymentSpec, ModelSource
 
 RUN_AS = 10001  # the images' non-root user and group
+ENGINE_TYPE_LABEL = "llm-d.ai/engine-type"
 
 
 def _model_volume(source: ModelSource) -> dict[str, Any] | None:
@@ -63,7 +64,9 @@ def pod_template(spec: DeploymentSpec) -> dict[str, Any]:
             pod[key] = gpu[key]
     if spec.images.get("pullSecrets"):
         pod["imagePullSecrets"] = [{"name": n} for n in spec.images["pullSecrets"]]
-    return {"metadata": {"labels": labels(spec, SERVER), "annotations": annotations}, "spec": pod}
+    # The engine label tells llm-d's endpoint picker which metric names to scrape (ours are vLLM's).
+    pod_labels = {**labels(spec, SERVER), ENGINE_TYPE_LABEL: "vllm"}
+    return {"metadata": {"labels": pod_labels, "annotations": annotations}, "spec": pod}
 
 
 def deployment(spec: DeploymentSpec) -> dict[str, Any]:
