@@ -114,6 +114,13 @@ def build_registry(state: OperatorState, login: Login = kopf.login_via_client) -
         if name:
             await sync({"metadata": {"namespace": body["metadata"]["namespace"], "name": name}})
 
+    @kopf.on.event("apps", "v1", "deployments", labels={MANAGED_BY_LABEL: MANAGER}, registry=registry)
+    async def deployment_changed(body: kopf.Body, **_: Any) -> None:
+        """A rollout moved (the Deployment controller wrote its status): the resource's status follows."""
+        name = body["metadata"].get("labels", {}).get(INSTANCE_LABEL)
+        if name:
+            await sync({"metadata": {"namespace": body["metadata"]["namespace"], "name": name}})
+
     @kopf.on.resume(GROUP, VERSION, POLICY_PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, POLICY_PLURAL, registry=registry)
     @kopf.on.update(GROUP, VERSION, POLICY_PLURAL, registry=registry)

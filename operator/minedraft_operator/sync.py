@@ -15,6 +15,7 @@ from minedraft_operator.pool_status import pool_condition
 from minedraft_operator.render import OPTIONAL_KINDS, OWNED_KINDS, OperatorPods, render
 from minedraft_operator.render.admin_key import admin_key_ref
 from minedraft_operator.render.names import INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, selector_string
+from minedraft_operator.rollout_status import rollout_status
 from minedraft_operator.spec import DeploymentSpec
 from minedraft_operator.status import PodView, ReplicaReport, conditions, merge_conditions, summary
 
@@ -124,9 +125,12 @@ async def sync_deployment(api: KubeApi, admin: AdminClient, mdd: dict[str, Any])
     pool = await pool_condition(api, spec)
     if pool is not None:
         new.append(pool)
+    progress, progressing = rollout_status(await api.get(api_path("apps/v1", "deployments", ns, spec.name)))
+    new.append(progressing)
     status: dict[str, Any] = {
         "replicas": len(pods),
         "readyReplicas": sum(p.ready for p in pods),
+        **progress,
         "selector": selector_string(spec),
         "policy": {"name": policy["metadata"]["name"] if policy else "", "generation": generation},
         "replicaStatus": [r.entry() for r in reports],

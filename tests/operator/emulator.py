@@ -37,11 +37,24 @@ RESOURCES: dict[str, dict[str, Any]] = {
 }
 
 
+def _not_served(kmock: Any, key: str) -> None:
+    """Answer 404 for a resource, as an API server without its CRD does. The emulator would serve any path,
+    and stores what is POSTed even when a reaction answers instead: forget it, so a retry is a 404 again."""
+    group_version, _, plural = key.rpartition("/")
+
+    def forget(request: Any) -> None:
+        name = (request.data or {}).get("metadata", {}).get("name") if request.method.upper() == "POST" else None
+        if name and (key, request.namespace, name) in kmock.objects:
+            del kmock.objects[key, request.namespace, name]
+
+    path = re.compile(rf"^/apis/{re.escape(group_version)}/(namespaces/[^/]+/)?{plural}(/.*)?$")
+    (kmock ** 100)[path] << 404 >> forget
+
+
 def declare_resources(kmock: Any, absent: tuple[str, ...] = ()) -> None:
     """Every kind the operator touches, but those in `absent` (a cluster without their CRD)."""
-    for key in absent:  # the emulator would serve any path: answer 404 as an API server without the CRD does
-        group_version, _, plural = key.rpartition("/")
-        (kmock ** 100)[re.compile(rf"^/apis/{re.escape(group_version)}/(namespaces/[^/]+/)?{plural}(/.*)?$")] << 404
+    for key in absent:
+        _not_served(kmock, key)
     for key, info in RESOURCES.items():
         if key in absent:
             continue

@@ -124,13 +124,13 @@ def test_probes(gpu_mdd) -> None:
         assert cs[name]["livenessProbe"]["grpc"]["port"] == port + 1000
         assert "readinessProbe" not in cs[name]  # a crash-looping draft must not hide the pod by itself
         assert "lifecycle" not in cs[name]  # workers drain themselves: they serve the manager until it leaves
-        assert e["MINEDRAFT_DRAIN_GRACE_S"] == "35"  # the manager's preStop and drain
+        assert e["MINEDRAFT_DRAIN_GRACE_S"] == "45"  # the manager's preStop (15 s) and drain (30 s)
     assert not any(k.endswith("Probe") for k in cs["verifier-tp1"])  # it serves no port
     bm = cs["batch-manager"]
     for kind in ("startupProbe", "readinessProbe"):
         assert bm[kind]["httpGet"] == {"path": "/health", "port": 8081, "scheme": "HTTP"}
     assert bm["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": 8081, "scheme": "HTTP"}
-    assert bm["lifecycle"]["preStop"] == {"sleep": {"seconds": 5}}
+    assert bm["lifecycle"]["preStop"] == {"sleep": {"seconds": 15}}
     e = env(bm)
     assert (e["MINEDRAFT_ADMIN_HOST"], e["MINEDRAFT_DRAIN_GRACE_S"]) == ("0.0.0.0", "30")
     assert e["MINEDRAFT_STREAM_INTERVAL"] == "1"  # the CRD's default: a chunk per verdict

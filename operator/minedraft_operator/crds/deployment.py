@@ -10,6 +10,7 @@ from minedraft_operator.crds.common import (
     tolerations,
     worker_tuning,
 )
+from minedraft_operator.crds.rollout import timing_fields
 from minedraft_operator.crds.routing import routing
 from minedraft_operator.crds.schema import (
     Schema,
@@ -227,11 +228,7 @@ def spec_schema() -> Schema:
                 "metrics": boolean("Annotate pods for Prometheus scraping of /metrics on the HTTP port.",
                                    default=True),
             }, default={}),
-            "drainSeconds": integer("Seconds a stopping pod keeps serving in-flight requests (preStop and "
-                                    "terminationGracePeriodSeconds derive from it).", minimum=0, maximum=3600,
-                                    default=30),
-            "startupSeconds": integer("Longest model load before the kubelet restarts a worker (startup probes).",
-                                      minimum=30, maximum=86400, default=1800),
+            **timing_fields(),
         },
         required=["target", "draft", "images"],
         rules=[
@@ -260,6 +257,8 @@ def status_schema() -> Schema:
         "observedGeneration": integer("metadata.generation the operator last reconciled."),
         "replicas": integer("Serving pods that exist."),
         "readyReplicas": integer("Serving pods that are Ready."),
+        "updatedReplicas": integer("Serving pods of the current pod template (the Deployment's)."),
+        "availableReplicas": integer("Serving pods Ready for minReadySeconds (the Deployment's)."),
         "selector": string("Label selector of the serving pods (scale subresource)."),
         "mode": string("Effective mode of the replicas (psd, sd, ar; 'mixed' when they differ)."),
         "k": integer("k of the replicas."),
@@ -271,5 +270,5 @@ def status_schema() -> Schema:
         }),
         "replicaStatus": array("Per-pod report.", replica),
         "conditions": conditions(("Ready", "GPUsAllocated", "DraftLinkReady", "PolicyApplied", "Degraded",
-                                 "InferencePoolReady")),
+                                 "InferencePoolReady", "Progressing")),
     })

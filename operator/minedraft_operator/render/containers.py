@@ -9,13 +9,13 @@ from minedraft_operator.policy import default_policy_env
 from minedraft_operator.render.gpu import GpuSlot, layout
 from minedraft_operator.render.key_files import key_mounts
 from minedraft_operator.render.names import BATCH_MANAGER, DRAFT
+from minedraft_operator.render.timing import drain_s, pre_stop_s, worker_drain_s
 from minedraft_operator.spec import DeploymentSpec, Worker
 
 HOME = "/home/minedraft"
 LOCALHOST = "127.0.0.1"
 ANY = "0.0.0.0"
 PROBE_PERIOD_S = 10
-BM_PRESTOP_S = 5  # lets endpoints drop the pod before SIGTERM starts the batch manager's drain
 # A worker's control port (and the verifier's data-plane store) listen on loopback: only the
 # pod's own batch manager reaches them. The kubelet's gRPC probes go to the pod IP, so each
 # worker also answers grpc.health.v1, and nothing else, on its control port + this offset.
@@ -82,7 +82,7 @@ def _worker_env(spec: DeploymentSpec, worker: Worker, slot: GpuSlot, port: int) 
            "MINEDRAFT_HOST": LOCALHOST, "MINEDRAFT_PORT": str(port),  # pod-local: control port, data-plane store
            "MINEDRAFT_HEALTH_HOST": ANY, "MINEDRAFT_HEALTH_PORT": str(health_port(spec, port)),
            # Serve the batch manager through its preStop and drain, then exit 0.
-           "MINEDRAFT_DRAIN_GRACE_S": str(spec.raw["drainSeconds"] + BM_PRESTOP_S),
+           "MINEDRAFT_DRAIN_GRACE_S": str(worker_drain_s(spec)),
            "MINEDRAFT_DEVICE": slot.device, "MINEDRAFT_DTYPE": worker.dtype, "HOME": HOME, "PYTHONUNBUFFERED": "1"}
     env.update({f"MINEDRAFT_{k}": str(v) for k, v in worker.tuning.items()})
     env.update(slot.env)
@@ -135,7 +135,7 @@ def _manager_env(spec: DeploymentSpec) -> list[dict[str, Any]]:
         "MINEDRAFT_HOST": ANY, "MINEDRAFT_GRPC_PORT": str(service["grpcPort"]),
         "MINEDRAFT_HTTP_PORT": str(service["httpPort"]), "MINEDRAFT_ADMIN_PORT": str(ports["admin"]),
         # The operator reaches the admin API on the pod IP; the Service never exposes that port.
-        "MINEDRAFT_ADMIN_HOST": ANY, "MINEDRAFT_DRAIN_GRACE_S": str(spec.raw["drainSeconds"]),
+        "MINEDRAFT_ADMIN_HOST": ANY, "MINEDRAFT_DRAIN_GRACE_S": str(drain_s(spec)),
         **default_policy_env(),
         "MINEDRAFT_MAX_QUEUE": str(bm["maxQueue"]),
         "MINEDRAFT_STREAM_INTERVAL": str(bm["streamInterval"]),
@@ -185,5 +185,6 @@ def batch_manager_container(spec: DeploymentSpec) -> dict[str, Any]:
     c["readinessProbe"] = {"httpGet": health, "periodSeconds": period, "timeoutSeconds": 3, "failureThreshold": 2}
     c["livenessProbe"] = {"httpGet": {**health, "path": "/health/live"}, "periodSeconds": 20, "timeoutSeconds": 5,
                           "failureThreshold": 3}
-    c["lifecycle"] = {"preStop": {"sleep": {"seconds": BM_PRESTOP_S}}}
+    if pre_stop_s(spec):  # a zero-second sleep action is refused by API servers before 1.33
+        c["lifecycle"] = {"preStop": {"sleep": {"seconds": pre_stop_s(spec)}}}
     return c

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from minedraft_operator.render.containers import (
-    BM_PRESTOP_S,
-    batch_manager_container,
-    draft_container,
-    verifier_containers,
-)
+from minedraft_operator.render.containers import batch_manager_container, draft_container, verifier_containers
 from minedraft_operator.render.gpu import pod_claims
 from minedraft_operator.render.key_files import key_mounts
 from minedraft_operator.render.names import BATCH_MANAGER, SERVER, labels, metadata, selector
+from minedraft_operator.render.timing import progress_deadline_s, strategy, termination_grace_s
 from minedraft_operator.spec import DeploymentSpec, ModelSource
 
 RUN_AS = 10001  # the images' non-root user and group
@@ -54,7 +50,7 @@ def pod_template(spec: DeploymentSpec) -> dict[str, Any]:
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "automountServiceAccountToken": False,  # the services never call the Kubernetes API
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": spec.raw["drainSeconds"] + BM_PRESTOP_S + 15,
+        "terminationGracePeriodSeconds": termination_grace_s(spec),
     }
     claims = pod_claims(spec)
     if claims:
@@ -77,8 +73,8 @@ def deployment(spec: DeploymentSpec) -> dict[str, Any]:
         "spec": {
             "replicas": spec.raw["replicas"],
             "selector": {"matchLabels": selector(spec)},
-            # GPUs are rarely spare: replace a pod before starting its successor instead of surging.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "strategy": strategy(spec),  # spec.rollout; by default no surge (GPUs are rarely spare)
+            "progressDeadlineSeconds": progress_deadline_s(spec),
             "template": pod_template(spec),
         },
     }
