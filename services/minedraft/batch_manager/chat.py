@@ -1,10 +1,10 @@
 """Chat messages -> prompt token ids, the way Hugging Face's apply_chat_template does it.
 
 A model folder's tokenizer_config.json `chat_template` (or the request's own) is a Jinja2 template rendered
-in a sandbox with `messages`, `add_generation_prompt`, the special tokens and the request's
-chat_template_kwargs; the text is then encoded without adding special tokens, since the template writes them
-itself. continue_final_message cuts the text after the last message's content. Models without a template
-(base models) get a plain "role: content" transcript.
+in a sandbox with `messages`, `tools` (when the request has any), `add_generation_prompt`, the special tokens
+and the request's chat_template_kwargs; the text is then encoded without adding special tokens, since the
+template writes them itself. continue_final_message cuts the text after the last message's content. Models
+without a template (base models) get a plain "role: content" transcript.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from minedraft.batch_manager.openai_models import ChatMessage
+from minedraft.batch_manager.tool_calls import template_tool_calls
 from minedraft.core.errors import InvalidRequestError
 from minedraft.core.tokenizer import Tokenizer
 
@@ -80,7 +81,8 @@ def special_tokens(tokenizer: Tokenizer) -> dict[str, str]:
 
 
 def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Plain dicts with string content; only text content parts can be served by a text model."""
+    """Plain dicts with string content (only text content parts can be served by a text model) and the
+    assistant's earlier tool calls with their arguments as objects, as templates expect them."""
     result = []
     for i, message in enumerate(messages):
         data = message.model_dump(exclude_none=True)
@@ -91,6 +93,8 @@ def message_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                                           param=f"messages[{i}].content")
             content = "".join(part.text or "" for part in content)
         data["content"] = content or ""
+        if "tool_calls" in data:
+            data["tool_calls"] = template_tool_calls(data["tool_calls"])
         result.append(data)
     return result
 
@@ -105,6 +109,7 @@ class RenderOptions:
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # more variables (e.g. enable_thinking)
     documents: list[dict[str, str]] | None = None
     add_special_tokens: bool | None = None  # None: only without a template (a template writes its own)
+    tools: list[dict[str, Any]] | None = None  # OpenAI's tool objects, rendered by the template
 
 
 def plain_prompt(messages: list[dict[str, Any]], options: RenderOptions | None = None) -> str:
@@ -151,6 +156,8 @@ def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage], options: Rend
                "add_generation_prompt": options.add_generation_prompt}
     if options.documents is not None:
         context["documents"] = options.documents
+    if options.tools is not None:
+        context["tools"] = options.tools
     try:
         rendered = template.render(**context)
     except jinja2.TemplateError as exc:  # raise_exception() in templates reports bad conversations

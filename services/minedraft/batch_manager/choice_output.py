@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from minedraft.batch_manager.assistant_output import AssistantPlan, AssistantState
 from minedraft.batch_manager.backend import GenerationChunk
 from minedraft.batch_manager.openai_logprobs import (
     CompletionLogprobsBuilder,
@@ -49,6 +50,7 @@ class OutputOptions:
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs field
     echo_logprobs: bool = False  # completions' echo: the prompt's tokens lead the logprobs
     drop_output: bool = False  # echo with max_tokens=0: the one token generated is not shown or counted
+    assistant: AssistantPlan | None = None  # chat: reasoning and tool calls to read out of the text
 
     def prompt_of(self, choice: int) -> PromptInfo:
         return self.prompts[choice // self.per_prompt]
@@ -71,10 +73,13 @@ class ChoiceState:
     completion_tokens: int = 0
     prompt_logprobs: PromptLogprobs | None = None
     finish_reason: str | None = None
+    assistant: AssistantState | None = None  # chat: the text read as reasoning, content and tool calls
 
     @classmethod
     def of(cls, options: OutputOptions, choice: int) -> ChoiceState:
-        return cls(options, options.prompt_of(choice), CompletionLogprobsBuilder(options.names, options.logprobs or 0))
+        assistant = None if options.assistant is None else AssistantState(options.assistant)
+        return cls(options, options.prompt_of(choice), CompletionLogprobsBuilder(options.names, options.logprobs or 0),
+                   assistant=assistant)
 
     def take(self, chunk: GenerationChunk) -> str:
         """The choice's new text for `chunk` (echo first); updates usage and the finish reason."""

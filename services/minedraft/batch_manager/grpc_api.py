@@ -5,8 +5,9 @@ generator), so a client cancellation (or the client's deadline passing) arrives 
 CancelledError in our own frame and the `aclosing` block aborts the request on the spot
 instead of whenever the GC gets to it. A request for n choices (or best_of candidates) runs as that
 many backend requests sharing the prompt (choices.py); every one of them is closed when the call
-ends, however it ends. With API keys every method but grpc.health.v1 needs
-`authorization: Bearer <key>` metadata; messages are capped at the request size limit.
+ends, however it ends. A chat prompt is rendered, constrained and read back as /v1/chat/completions does it
+(grpc_chat.py). With API keys every method but grpc.health.v1 needs `authorization: Bearer <key>` metadata;
+messages are capped at the request size limit.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from minedraft.batch_manager.api_keys import ApiKeys, GrpcApiKeyInterceptor
+from minedraft.batch_manager.assistant_output import AssistantPlan, AssistantState
 from minedraft.batch_manager.backend import (
     GenerationBackend,
     GenerationChunk,
@@ -31,6 +33,7 @@ from minedraft.batch_manager.backend import (
     UnavailableError,
 )
 from minedraft.batch_manager.choices import FanOut, close_all, collect, interleave
+from minedraft.batch_manager.grpc_chat import plan_grpc_chat, structured_of
 from minedraft.batch_manager.grpc_messages import TokenText, chunk_message, response_message
 from minedraft.batch_manager.http_guards import DEFAULT_MAX_REQUEST_BYTES
 from minedraft.batch_manager.prompt_ids import encode_prompt
@@ -53,6 +56,7 @@ class _Run:
     params: SamplingParams  # as the user gave them (the children's may have logprobs forced on)
     streams: list[AsyncIterator[GenerationChunk]] = field(default_factory=list)  # traced
     raw: list[AsyncIterator[GenerationChunk]] = field(default_factory=list)  # the backend's own, closed at the end
+    assistant: AssistantPlan | None = None  # a chat prompt's reply: reasoning and tool calls to read out
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -63,10 +67,14 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.tracer = tracer
         self._text = TokenText(backend.tokenizer)
 
-    async def _prompt_ids(self, request: generation_pb2.GenerateRequest) -> list[int]:
+    async def _prompt_ids(self, request: generation_pb2.GenerateRequest, run: _Run) -> list[int]:
         kind = request.WhichOneof("prompt")
         keep = request.sampling.truncate_prompt_tokens
-        if kind == "text":
+        if kind == "chat":
+            plan = await plan_grpc_chat(self.backend.tokenizer, request.chat, self.backend.max_context,
+                                        run.params.structured)
+            run.assistant, run.params.structured, ids = plan.assistant, plan.structured, plan.ids
+        elif kind == "text":
             # When truncating, a text longer than the context is no error: its last tokens are kept.
             ids = await encode_prompt(self.backend.tokenizer, request.text, sys.maxsize if keep else
                                       self.backend.max_context)
@@ -81,8 +89,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         """Admit every child; if one is refused, the ones already admitted are closed (aborted)."""
         request_id = request.request_id or f"req-{uuid.uuid4().hex}"
         params = sampling_from_api(request.sampling)
+        params.structured = structured_of(request.sampling)
         run = _Run(request_id, FanOut.of(request.n, request.best_of, streaming), params)
-        prompt_ids = await self._prompt_ids(request)
+        prompt_ids = await self._prompt_ids(request, run)
         share = request_id if run.fan.best_of > 1 else None
 
         def carrier() -> dict[str, str]:
@@ -108,15 +117,19 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 candidates = await collect(run.streams)
             finally:
                 await close_all(run.raw)
-        return response_message(run.request_id, run.fan, candidates, run.params.wants_logprobs, self._text)
+        return response_message(run.request_id, run.fan, candidates, run.params.wants_logprobs, self._text,
+                                run.assistant)
 
     async def GenerateStream(self, request: generation_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         async with _statuses(context):
             run = await self._start(request, context, streaming=True)
+            states: dict[int, AssistantState] = {}
             try:
                 async with aclosing(interleave(run.streams)) as chunks:
                     async for index, chunk in chunks:
-                        await context.write(chunk_message(run.request_id, index, chunk, self._text))
+                        state = None if run.assistant is None else states.setdefault(index,
+                                                                                     AssistantState(run.assistant))
+                        await context.write(chunk_message(run.request_id, index, chunk, self._text, state))
             finally:
                 await close_all(run.raw)
 

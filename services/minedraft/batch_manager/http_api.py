@@ -32,6 +32,7 @@ from minedraft.batch_manager.backend import (
     RetryLaterError,
     UnavailableError,
 )
+from minedraft.batch_manager.chat_request import ChatTools, plan_chat
 from minedraft.batch_manager.choice_output import OutputOptions, PromptInfo
 from minedraft.batch_manager.fan_out import FanOut, Generation, best_candidates, plan_generations
 from minedraft.batch_manager.http_guards import DEFAULT_MAX_REQUEST_BYTES, ApiKeyGuard, BodyLimit, BodyTooLargeError
@@ -48,10 +49,11 @@ from minedraft.batch_manager.http_streams import (
 from minedraft.batch_manager.openai_logprobs import TokenNames
 from minedraft.batch_manager.openai_models import ChatCompletionRequest, CompletionRequest
 from minedraft.batch_manager.openai_responses import ErrorDetail, ErrorResponse, ModelCard, ModelList
-from minedraft.batch_manager.prompt_ids import chat_ids, completion_prompts, keep_last, render_options
+from minedraft.batch_manager.prompt_ids import completion_prompts, keep_last, render_options
 from minedraft.batch_manager.request_tracing import traced_stream
 from minedraft.batch_manager.tokenize_api import install_tokenize_routes
 from minedraft.core.errors import InvalidRequestError
+from minedraft.core.sampling_params import SamplingParams
 from minedraft.observability.tracing import RequestTracer
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict"}
@@ -181,29 +183,33 @@ class OpenAIServer:
         options = OutputOptions(TokenNames(self.backend.tokenizer, bool(body.return_tokens_as_token_ids)), prompts,
                                 body.choices_per_prompt, body.logprobs, body.prompt_logprobs, bool(body.echo),
                                 body.echo_only)
-        return await self._serve(request, body, COMPLETIONS, body.resolved_max_tokens(), options, body.candidates)
+        return await self._serve(request, body, COMPLETIONS, body.sampling_params(body.resolved_max_tokens()), options,
+                                 body.candidates)
 
     async def chat_completions(self, body: ChatCompletionRequest, request: Request) -> Response:
         self.check_model(body.model)
         body.check_supported()
-        ids = keep_last(await chat_ids(self.backend.tokenizer, body.messages, self.backend.max_context,
-                                       render_options(body)), body.keep_prompt_tokens(self.backend.max_context))
+        tools = ChatTools(body.tools, body.tool_choice, body.parallel_tool_calls)
+        plan = await plan_chat(self.backend.tokenizer, body.messages, render_options(body), self.backend.max_context,
+                               tools, body.structured_output())
+        ids = keep_last(plan.ids, body.keep_prompt_tokens(self.backend.max_context))
         max_tokens = body.requested_max_tokens
         if max_tokens is None:  # OpenAI: as much as the context allows
             max_tokens = max(1, self.backend.max_context - len(ids))
         top_n = (body.top_logprobs or 0) if body.logprobs else None
         options = OutputOptions(TokenNames(self.backend.tokenizer, bool(body.return_tokens_as_token_ids)),
                                 [PromptInfo(ids, body.echo_text)], body.choices_per_prompt, top_n,
-                                body.prompt_logprobs)
-        return await self._serve(request, body, CHAT, max_tokens, options, body.choices_per_prompt)
+                                body.prompt_logprobs, assistant=plan.assistant)
+        params = body.sampling_params(max_tokens)
+        params.structured = plan.structured  # the reply's whole grammar: reasoning, answer, tool calls
+        return await self._serve(request, body, CHAT, params, options, body.choices_per_prompt)
 
     async def _serve(self, request: Request, body: CompletionRequest | ChatCompletionRequest, endpoint: Endpoint,
-                     max_tokens: int, options: OutputOptions, candidates: int) -> Response:
+                     params: SamplingParams, options: OutputOptions, candidates: int) -> Response:
         """Run the request's generations (prompts x candidates) and answer with a stream or one body."""
         request_id = f"{endpoint.id_prefix}-{body.request_id or uuid.uuid4().hex}"
         settings = StreamSettings(request_id, self.backend.model_name, body.wants_usage_in_stream,
                                   body.wants_continuous_usage)
-        params = body.sampling_params(max_tokens)
         generations = plan_generations(request_id, [p.ids for p in options.prompts], params, candidates,
                                        rank_by_logprob=candidates > options.per_prompt)
         deadline = None if body.timeout is None else asyncio.get_running_loop().time() + body.timeout

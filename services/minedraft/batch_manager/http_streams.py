@@ -19,6 +19,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Send
 
+from minedraft.batch_manager.assistant_output import AssistantMessage
 from minedraft.batch_manager.backend import GenerationChunk
 from minedraft.batch_manager.choice_output import ChoiceState, OutputOptions, join_chat_logprobs, join_completion
 from minedraft.batch_manager.openai_responses import (
@@ -33,6 +34,10 @@ from minedraft.batch_manager.openai_responses import (
     CompletionResponse,
     ErrorDetail,
     ErrorResponse,
+    FunctionCallOut,
+    FunctionDelta,
+    ToolCallDeltaOut,
+    ToolCallOut,
     UsageInfo,
 )
 
@@ -159,14 +164,41 @@ async def chat_events(chunks: Indexed, options: OutputOptions, settings: StreamS
             state = states[i]
             text = state.take(chunk)
             logprobs = state.chat_logprobs(chunk)
-            if text or (logprobs and logprobs.content):
-                yield event(i, ChatDelta(content=text), logprobs)
+            deltas = chat_deltas(state, text, chunk.finish_reason is not None)
+            if not deltas and logprobs and logprobs.content:
+                deltas = [ChatDelta(content="")]
+            for n, delta in enumerate(deltas):
+                yield event(i, delta, None if n else logprobs)
             if state.finish_reason is not None:
-                yield event(i, ChatDelta(), finish_reason=state.finish_reason)
+                reason = state.assistant.finish_reason(state.finish_reason) if state.assistant else state.finish_reason
+                yield event(i, ChatDelta(), finish_reason=reason)
     if settings.include_usage and states:
         yield sse(ChatCompletionChunk(id=settings.request_id, model=settings.model, choices=[],
                                       usage=_totals(states, options)))
     yield "data: [DONE]\n\n"
+
+
+def chat_deltas(state: ChoiceState, text: str, final: bool) -> list[ChatDelta]:
+    """The deltas a chunk's text makes: as it is, or read as reasoning, content and tool calls (one delta
+    each, so a call's header comes before its arguments)."""
+    if state.assistant is None:
+        return [ChatDelta(content=text)] if text else []
+    piece = state.assistant.feed(text, final)
+    out = [ChatDelta(reasoning_content=piece.reasoning)] if piece.reasoning else []
+    if piece.content:
+        out.append(ChatDelta(content=piece.content))
+    for d in piece.tool_calls:
+        header = d.id is not None
+        function = FunctionDelta(name=d.name, arguments="") if header else FunctionDelta(arguments=d.arguments)
+        out.append(ChatDelta(tool_calls=[ToolCallDeltaOut(index=d.index, id=d.id, type="function" if header else None,
+                                                          function=function)]))
+    return out
+
+
+def assistant_message(message: AssistantMessage) -> ChatMessageOut:
+    calls = [ToolCallOut(id=c.id, function=FunctionCallOut(name=c.name, arguments=c.arguments))
+             for c in message.tool_calls]
+    return ChatMessageOut(content=message.content, reasoning_content=message.reasoning, tool_calls=calls or None)
 
 
 def _choice_states(choices: Sequence[list[GenerationChunk]], options: OutputOptions) -> list[ChoiceState]:
@@ -192,8 +224,11 @@ def chat_body(settings: StreamSettings, options: OutputOptions, choices: Sequenc
         for chunk in chunks:
             texts.append(state.take(chunk))
             logprobs.append(state.chat_logprobs(chunk))
-        out.append(ChatChoice(index=i, message=ChatMessageOut(content="".join(texts)),
-                              logprobs=join_chat_logprobs(logprobs), finish_reason=state.finish_reason))
+        message, reason = ChatMessageOut(content="".join(texts)), state.finish_reason
+        if state.assistant is not None:
+            state.assistant.feed(message.content or "", final=True)
+            message, reason = assistant_message(state.assistant.message()), state.assistant.finish_reason(reason, True)
+        out.append(ChatChoice(index=i, message=message, logprobs=join_chat_logprobs(logprobs), finish_reason=reason))
     prompt_logprobs = states[0].prompt_logprobs if states else None
     return ChatCompletionResponse(id=settings.request_id, model=settings.model, choices=out,
                                   usage=_totals(dict(enumerate(states)), options), prompt_logprobs=prompt_logprobs)

@@ -3,8 +3,9 @@
 Requests forbid unknown fields, as OpenAI does, so a typo ("max_token") is a 400 that names the field
 instead of a silently ignored setting. Every field OpenAI or vLLM documents for these endpoints is known:
 most are honoured; bookkeeping fields (user, metadata, store, ...) are accepted and change nothing; the few
-features not served (suffix, tools, structured outputs, beam search) are refused with a 400 naming the field
-unless they hold their neutral value, which common clients send explicitly.
+features not served (suffix, the deprecated functions, beam search) are refused with a 400 naming the field
+unless they hold their neutral value, which common clients send explicitly. Structured outputs and tools are
+typed here and turned into grammars elsewhere (structured_request.py, tool_calls.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from minedraft.batch_manager.structured_request import StructuredFields
+from minedraft.batch_manager.tool_calls import ChatTool
 from minedraft.core.codec import sampling_from_openai
 from minedraft.core.errors import InvalidRequestError
 from minedraft.core.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -41,7 +44,7 @@ def _refuse(param: str, what: str) -> InvalidRequestError:
     return InvalidRequestError(f"{param}: {what} not supported yet", param=param)
 
 
-class _SamplingRequest(StrictModel):
+class _SamplingRequest(StrictModel, StructuredFields):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
@@ -57,7 +60,6 @@ class _SamplingRequest(StrictModel):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # OpenAI: an end-user id for abuse monitoring; accepted, unused
-    response_format: dict[str, Any] | None = None
     # vLLM extras
     top_k: int | None = None
     min_p: float | None = None
@@ -91,8 +93,6 @@ class _SamplingRequest(StrictModel):
             raise InvalidRequestError(f"n must be in [1, {MAX_CHOICES}], got {self.n}", param="n")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
-        if self.response_format not in (None, {"type": "text"}):
-            raise _refuse("response_format", "structured outputs (anything but {\"type\": \"text\"}) are")
         if self.bad_words:
             raise _refuse("bad_words", "bad_words is")
         if self.use_beam_search:
@@ -127,7 +127,9 @@ class _SamplingRequest(StrictModel):
         return {"prompt_logprobs": self.prompt_logprobs}
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
-        return sampling_from_openai(
+        """The core settings, with the structured output the request asks for (a chat endpoint may replace it
+        with the grammar of the whole reply: reasoning, tool calls)."""
+        params = sampling_from_openai(
             max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
             logit_bias=self.logit_bias, min_p=self.min_p, presence_penalty=self.presence_penalty,
@@ -138,6 +140,8 @@ class _SamplingRequest(StrictModel):
             include_stop_str_in_output=self.include_stop_str_in_output, priority=self.priority,
             cache_salt=self.cache_salt, **self._logprob_fields(),
         )
+        params.structured = self.structured_output()
+        return params
 
 
 def _is_ids(value: object) -> bool:
@@ -234,7 +238,7 @@ class ChatCompletionRequest(_SamplingRequest):
     service_tier: str | None = None
     reasoning_effort: str | None = None
     parallel_tool_calls: StrictBool | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
@@ -255,13 +259,10 @@ class ChatCompletionRequest(_SamplingRequest):
                                           param="top_logprobs")
             if not self.logprobs:
                 raise InvalidRequestError("top_logprobs needs logprobs=true", param="top_logprobs")
-        if self.tools:
-            raise _refuse("tools", "tool calling is")
         if self.functions:
-            raise _refuse("functions", "function calling is")
-        for name in ("tool_choice", "function_call"):
-            if getattr(self, name) not in (None, "none", "auto"):
-                raise _refuse(name, "tool calling is")
+            raise _refuse("functions", "the deprecated functions field (send tools) is")
+        if self.function_call not in (None, "none", "auto"):
+            raise _refuse("function_call", "the deprecated function_call field (send tool_choice) is")
         if self.add_generation_prompt and self.continue_final_message:
             raise InvalidRequestError("continue_final_message and add_generation_prompt cannot both be true; set "
                                       "add_generation_prompt=false to continue the last message",

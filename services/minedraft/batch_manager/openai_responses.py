@@ -79,9 +79,26 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
-class ChatMessageOut(BaseModel):
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class ChatMessageOut(_DropsNone):
+    """content is null when the reply is tool calls alone, as OpenAI sends it."""
+
+    _optional: ClassVar[tuple[str, ...]] = ("reasoning_content", "tool_calls")
+
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    reasoning_content: str | None = None  # a thinking model's reasoning (vLLM's field)
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -103,13 +120,33 @@ class ChatCompletionResponse(_DropsNone):
     prompt_logprobs: PromptLogprobs | None = None
 
 
+class FunctionDelta(_DropsNone):
+    _optional: ClassVar[tuple[str, ...]] = ("name", "arguments")
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDeltaOut(_DropsNone):
+    """A call's first delta has its id, type and name; the next ones pieces of its arguments."""
+
+    _optional: ClassVar[tuple[str, ...]] = ("id", "type")
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+
 class ChatDelta(_DropsNone):
     """OpenAI omits absent delta keys; the final chunk's delta is {}."""
 
-    _optional: ClassVar[tuple[str, ...]] = ("role", "content")
+    _optional: ClassVar[tuple[str, ...]] = ("role", "content", "reasoning_content", "tool_calls")
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDeltaOut] | None = None
 
 
 class ChatChunkChoice(BaseModel):
