@@ -97,7 +97,14 @@ def awaiting(**cached: int) -> SimpleNamespace:
         seqs[int(key[1:])].cached = value
     runner = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512),
                              allocator=SimpleNamespace(num_free=100, extra_blocks_needed=lambda s, n: 1))
-    return SimpleNamespace(seqs=seqs, runner=runner)
+    return SimpleNamespace(seqs=seqs, runner=runner, grammars=SimpleNamespace(rows=lambda ids: []))
+
+
+def grammar_row() -> SimpleNamespace:
+    """As `awaiting`, with sequence 4 under a grammar (its masks need each draft on the host)."""
+    drafter = awaiting()
+    drafter.grammars = SimpleNamespace(rows=lambda ids: [i for i, s in enumerate(ids) if s == 4])
+    return drafter
 
 
 def test_which_plans_draft_ahead() -> None:
@@ -110,6 +117,7 @@ def test_which_plans_draft_ahead() -> None:
         "another batch": (awaiting(), awaited, {"draft_batch": [4, 3]}),
         "a subset of the verdict": (awaiting(), awaited, {"draft_batch": [3]}),
         "removes a row in flight": (awaiting(), awaited, {"remove": [1]}),
+        "a row with a grammar": (grammar_row(), awaited, {}),
         "removes a row it drafts": (awaiting(), awaited, {"remove": [4]}),
         "a row awaits no verdict": (awaiting(s4=2), awaited, {}),
         "rows await proposals of different k": (awaiting(s4=6), awaited, {}),
