@@ -41,8 +41,12 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     return tokenizer
 
 
+CHAT_TEMPLATE = Path(__file__).resolve().parents[2] / "assets" / "tiny-chat-template.jinja"
+
+
 def tokenizer_config() -> dict[str, Any]:
-    """The ``tokenizer_config.json`` that lets AutoTokenizer load ``tokenizer.json``."""
+    """The ``tokenizer_config.json`` that lets AutoTokenizer load ``tokenizer.json``, with the pair's chat
+    template (Qwen-style: tools, tool calls, tool results, optional thinking)."""
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": EOS_TOKEN,
@@ -62,6 +66,7 @@ def tokenizer_config() -> dict[str, Any]:
                 "special": True,
             }
         },
+        "chat_template": CHAT_TEMPLATE.read_text(),
     }
 
 
