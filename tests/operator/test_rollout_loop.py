@@ -1,4 +1,5 @@
-"""The owned Deployment's rollout status reaches the MineDraftDeployment (kmock: the whole operator loop)."""
+"""The owned Deployment's rollout status reaches the MineDraftDeployment, and the scale path an autoscaler takes
+(kmock: the whole operator loop)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,32 @@ async def test_deployment_status_drives_counts_and_progressing(kmock, cpu_mdd) -
         # Done.
         await k.patch(*DEPLOYMENTS, NS, "tiny", deployment_status(1, 2, 2, "NewReplicaSetAvailable"))
         await eventually(lambda: mdd_shows(2, 2, ("True", "NewReplicaSetAvailable")), what="the rollout done")
+
+
+@pytest.mark.asyncio
+async def test_the_scale_path_an_autoscaler_takes(kmock, cpu_mdd, mdd_crd) -> None:
+    """What /scale does (spec.replicas patched) reaches the Deployment; 0 is reported as ScaledToZero."""
+    scale = mdd_crd["spec"]["versions"][0]["subresources"]["scale"]
+    assert scale == {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                     "labelSelectorPath": ".status.selector"}
+    mdd = with_namespace(cpu_mdd, "uid-scale")
+    async with running_operator(kmock) as k:
+        await k.create(*MDD, mdd)
+
+        async def scaled_to(replicas: int) -> dict[str, Any]:
+            assert (await k.get(*DEPLOYMENTS, NS, "tiny"))["spec"]["replicas"] == replicas
+            obj = await k.get(*MDD, NS, "tiny")
+            assert obj.get("status", {}).get("selector") == (
+                "app.kubernetes.io/name=minedraft,app.kubernetes.io/instance=tiny,app.kubernetes.io/component=server")
+            return obj
+
+        await eventually(lambda: scaled_to(1), what="one replica")
+        for generation, replicas in ((2, 3), (3, 0)):
+            await k.patch(*MDD, NS, "tiny", {"metadata": {"generation": generation}, "spec": {"replicas": replicas}})
+            await eventually(lambda r=replicas: scaled_to(r), what=f"{replicas} replicas")
+
+        async def zero_reported() -> bool:
+            assert conditions(await k.get(*MDD, NS, "tiny")).get("Ready") == ("True", "ScaledToZero")
+            return True
+
+        await eventually(zero_reported, what="ScaledToZero")
