@@ -100,6 +100,7 @@ MDD_INVALID = [
     ("no model source", _set("spec.draft.model", {}), "exactly one of pvc"),
     ("tp 0", _set("spec.target.tensorParallelSize", 0), "less than the minimum"),
     ("tp 9", _set("spec.target.tensorParallelSize", 9), "greater than the maximum"),
+    ("tp 8 with a draft GPU", _set("spec.target.tensorParallelSize", 8), "a replica must fit on one node"),
     ("bf16 on cpu", _set("spec.gpu", {"mode": "none"}), "dtype must be float32"),
     ("admin port clash", _set("spec.ports.admin", 8000), "all ports of the pod must differ"),
     ("grpc == http", _set("spec.service.grpcPort", 8000), "grpcPort and httpPort must differ"),

@@ -43,7 +43,9 @@ def _target() -> Schema:
         {
             "model": model_source("target"),
             "tensorParallelSize": integer("GPUs (and verifier processes) the target is split over; must divide "
-                                          "the model's attention heads.", minimum=1, maximum=8, default=1),
+                                          "the model's attention heads. With GPUs a replica needs "
+                                          "tensorParallelSize + 1 on one node, so at most 7.",
+                                          minimum=1, maximum=8, default=1),
             "dtype": dtype("target"),
             **worker_tuning("verifier"),
             "resources": resources("each verifier container"),
@@ -236,6 +238,10 @@ def spec_schema() -> Schema:
             rule("self.gpu.mode != 'none' || ((!has(self.target.dtype) || self.target.dtype == 'float32') && "
                  "(!has(self.draft.dtype) || self.draft.dtype == 'float32'))",
                  "gpu.mode none runs on CPU: dtype must be float32"),
+            rule("self.gpu.mode == 'none' || !has(self.target.tensorParallelSize) || "
+                 "self.target.tensorParallelSize + 1 <= 8",
+                 "a replica must fit on one node: it needs tensorParallelSize + 1 GPUs (the draft has its own GPU) "
+                 "and nodes have at most 8, so tensorParallelSize 8 needs gpu.mode none"),
         ],
     )
 
