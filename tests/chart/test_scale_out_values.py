@@ -1,15 +1,17 @@
 """The chart's scale-out options: an HTTPRoute to the example deployment's InferencePool, and a KEDA
-ScaledObject on queue depth; both validated against upstream CRD copies kept in tests/chart/data."""
+ScaledObject on queue depth; both validated against upstream CRD copies kept in tests/chart/data. The HPA
+alternative (autoscaling/v2, a built-in kind) is validated strictly against Kubernetes' own schema."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 import yaml
 
 from minedraft_operator.render import render
-from tests.chart.k8s_tools import CHART, Manifest, by_kind, helm_template, one, run
+from tests.chart.k8s_tools import CHART, KUBE_VERSION, Manifest, by_kind, helm_template, one, run
 from tests.chart.test_example_resources import admitted
 from tests.operator.admission import admit
 
@@ -18,6 +20,7 @@ CPU_VALUES = CHART / "ci" / "cpu-values.yaml"
 ROUTE = ["httpRoute.enabled=true", "httpRoute.parentRefs[0].name=inference-gateway",
          "deployment.spec.routing.inferencePool.enabled=true"]
 KEDA = ["autoscaling.keda.enabled=true", "deployment.spec.replicas=3"]
+HPA = ["autoscaling.hpa.enabled=true", "deployment.spec.replicas=3"]
 
 
 def set_args(sets: list[str]) -> list[str]:
@@ -31,6 +34,7 @@ def crd(name: str) -> Manifest:
 def test_off_by_default(rendered: dict[str, list[Manifest]]) -> None:
     for manifests in rendered.values():
         assert not by_kind(manifests, "HTTPRoute") and not by_kind(manifests, "ScaledObject")
+        assert not by_kind(manifests, "HorizontalPodAutoscaler")
 
 
 def test_route_sends_the_gateway_to_the_example_deployments_pool(helm: Path, crds: dict[str, Manifest]) -> None:
@@ -102,7 +106,48 @@ def test_without_keda_the_example_keeps_its_replicas(helm: Path) -> None:
 def test_lint_passes_with_both_and_rejects_bad_values(helm: Path) -> None:
     args = [helm, "lint", CHART, "--values", CPU_VALUES]
     run([*args, *set_args([*ROUTE, *KEDA])])
+    run([*args, *set_args([*ROUTE, *HPA])])
     for bad in ("autoscaling.keda.modelLoadSeconds=0", "autoscaling.keda.prometheusAddress=prometheus:9090",
-                "httpRoute.enabled=yes"):
+                "httpRoute.enabled=yes", "autoscaling.hpa.minReplicas=0", "autoscaling.hpa.modelLoadSeconds=3601"):
         result = run([*args, "--set", bad], check=False)
         assert result.returncode != 0 and "schema" in result.stdout + result.stderr, bad
+
+
+def test_hpa_scales_the_deployment_on_the_pods_queue_depth(helm: Path, crds: dict[str, Manifest]) -> None:
+    manifests = helm_template(helm, CHART, [CPU_VALUES], sets=[*HPA, "autoscaling.hpa.modelLoadSeconds=900"],
+                              namespace="serving")
+    hpa, mdd = one(manifests, "HorizontalPodAutoscaler"), one(manifests, "MineDraftDeployment")
+    assert hpa["apiVersion"] == "autoscaling/v2" and not by_kind(manifests, "ScaledObject")
+    kubernetes_validate.validate(hpa, KUBE_VERSION, strict=True)
+    spec = hpa["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "minedraft.io/v1alpha1", "kind": "MineDraftDeployment",
+                                      "name": mdd["metadata"]["name"]}
+    assert hpa["metadata"]["namespace"] == "serving"
+    assert "replicas" not in mdd["spec"]  # the HPA owns the count; helm upgrade must not reset it
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (1, 4)
+    assert spec["metrics"] == [{"type": "Pods", "pods": {"metric": {"name": "vllm:num_requests_waiting"},
+                                                         "target": {"type": "AverageValue", "averageValue": "8"}}}]
+    # The same windows as the KEDA ScaledObject's.
+    keda = one(helm_template(helm, CHART, [CPU_VALUES], sets=[*KEDA, "autoscaling.keda.modelLoadSeconds=900"]),
+               "ScaledObject")
+    assert spec["behavior"] == keda["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 900
+    admitted(crds, mdd)
+
+
+def test_hpa_windows_stay_within_the_hpa_limits(helm: Path) -> None:
+    hpa = one(helm_template(helm, CHART, [CPU_VALUES], sets=[*HPA, "autoscaling.hpa.modelLoadSeconds=3600"]),
+              "HorizontalPodAutoscaler")
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 3600
+    assert hpa["spec"]["behavior"]["scaleUp"]["policies"][0]["periodSeconds"] == 1800
+    kubernetes_validate.validate(hpa, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    ([*HPA, "autoscaling.keda.enabled=true"], "enable one"),
+    ([*HPA, "deployment.enabled=false"], "set deployment.enabled"),
+])
+def test_hpa_with_keda_or_without_the_deployment_fails_with_a_reason(helm: Path, sets: list[str],
+                                                                     message: str) -> None:
+    result = run([helm, "template", "r", CHART, "--values", CPU_VALUES, *set_args(sets)], check=False)
+    assert result.returncode != 0 and message in result.stderr
