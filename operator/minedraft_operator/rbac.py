@@ -29,6 +29,8 @@ RULES: list[dict[str, Any]] = [
     {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": OWNED},
     # spec.routing.inferencePool (the Gateway API inference extension; its CRD may be absent).
     {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"], "verbs": OWNED},
+    # spec.podMonitor (the Prometheus Operator; its CRD may be absent).
+    {"apiGroups": ["monitoring.coreos.com"], "resources": ["podmonitors"], "verbs": OWNED},
     # The admin key: read from the Secret the resource names (get by name: no list, no watch), and the
     # operator's own Secret created for a resource that names none.
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},

@@ -11,7 +11,7 @@ from minedraft_operator.admin_secret import AdminKeyError, admin_keys
 from minedraft_operator.crds import API_VERSION
 from minedraft_operator.kube import ApiError, KubeApi, api_path
 from minedraft_operator.policy import differs, pinned_to_ar, policy_body
-from minedraft_operator.pool_status import pool_condition
+from minedraft_operator.pool_status import monitor_condition, pool_condition
 from minedraft_operator.render import OPTIONAL_KINDS, OWNED_KINDS, OperatorPods, render
 from minedraft_operator.render.admin_key import admin_key_ref
 from minedraft_operator.render.names import INSTANCE_LABEL, MANAGED_BY_LABEL, MANAGER, selector_string
@@ -122,9 +122,9 @@ async def sync_deployment(api: KubeApi, admin: AdminClient, mdd: dict[str, Any])
     old = mdd.get("status", {}).get("conditions", [])
     gen = mdd["metadata"].get("generation", 1)
     new = conditions(spec.raw["replicas"], spec.gpu_mode, pods, reports, missing)
-    pool = await pool_condition(api, spec)
-    if pool is not None:
-        new.append(pool)
+    for optional in (await pool_condition(api, spec), await monitor_condition(api, spec)):
+        if optional is not None:
+            new.append(optional)
     progress, progressing = rollout_status(await api.get(api_path("apps/v1", "deployments", ns, spec.name)))
     new.append(progressing)
     status: dict[str, Any] = {

@@ -31,6 +31,7 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "networking.k8s.io/v1/networkpolicies": {"kind": "NetworkPolicy"},
     "policy/v1/poddisruptionbudgets": {"kind": "PodDisruptionBudget"},
     "inference.networking.k8s.io/v1/inferencepools": {"kind": "InferencePool"},
+    "monitoring.coreos.com/v1/podmonitors": {"kind": "PodMonitor"},
     "v1/secrets": {"kind": "Secret"},
     "v1/namespaces": {"kind": "Namespace", "namespaced": False},
     "apiextensions.k8s.io/v1/customresourcedefinitions": {"kind": "CustomResourceDefinition", "namespaced": False},

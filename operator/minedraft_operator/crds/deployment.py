@@ -224,6 +224,12 @@ def spec_schema() -> Schema:
                 "enabled": boolean("Render the PodDisruptionBudget.", default=True),
                 "maxUnavailable": integer("Serving pods a voluntary disruption may take down at once.", minimum=1,
                                           default=1)}, default={}),
+            "podMonitor": obj(
+                "A PodMonitor (monitoring.coreos.com/v1, the Prometheus Operator) <name> scraping /metrics on the "
+                "port named http of this deployment's serving pods. Needs the PodMonitor CRD in the cluster "
+                "(reported in the PodMonitorReady condition when missing).",
+                {"enabled": boolean("Render the PodMonitor (owned; deleted when switched off).", default=False)},
+                default={}),
             "observability": obj("Traces and metrics.", {
                 "otlpEndpoint": string("OTLP endpoint for traces and metrics (OTEL_EXPORTER_OTLP_ENDPOINT).",
                                        pattern=r"^https?://.+$"),
@@ -276,5 +282,5 @@ def status_schema() -> Schema:
         }),
         "replicaStatus": array("Per-pod report.", replica),
         "conditions": conditions(("Ready", "GPUsAllocated", "DraftLinkReady", "PolicyApplied", "Degraded",
-                                 "InferencePoolReady", "Progressing")),
+                                 "InferencePoolReady", "PodMonitorReady", "Progressing")),
     })

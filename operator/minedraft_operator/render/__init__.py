@@ -11,6 +11,7 @@ from typing import Any
 
 from minedraft_operator.render.disruption import disruption_budget
 from minedraft_operator.render.gpu import claim_template
+from minedraft_operator.render.monitoring import MONITOR_API_VERSION, MONITOR_PLURAL, monitor_enabled, pod_monitor
 from minedraft_operator.render.network import OperatorPods, network_policy
 from minedraft_operator.render.pod import deployment
 from minedraft_operator.render.routing import POOL_API_VERSION, POOL_PLURAL, inference_pool, pool_enabled
@@ -25,9 +26,10 @@ OWNED_KINDS = (
     ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
     ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     (POOL_API_VERSION, "InferencePool", POOL_PLURAL),
+    (MONITOR_API_VERSION, "PodMonitor", MONITOR_PLURAL),
 )
 # Owned kinds whose CRD a cluster may lack: a 404 skips them (reported in status) instead of failing.
-OPTIONAL_KINDS = frozenset({"InferencePool"})
+OPTIONAL_KINDS = frozenset({"InferencePool", "PodMonitor"})
 
 
 def render(resource: dict[str, Any], operator: OperatorPods | None = None) -> list[dict[str, Any]]:
@@ -46,6 +48,8 @@ def render(resource: dict[str, Any], operator: OperatorPods | None = None) -> li
         objects.append(disruption_budget(spec))
     if pool_enabled(spec):
         objects.append(inference_pool(spec, serving["spec"]["template"]["spec"]))
+    if monitor_enabled(spec):
+        objects.append(pod_monitor(spec))
     return objects
 
 
