@@ -123,6 +123,22 @@ def worker_info(port: int) -> control_pb2.WorkerInfo:
         return control_pb2_grpc.WorkerStub(channel).Info(control_pb2.InfoRequest(), timeout=5)
 
 
+def start_workers(stack: LocalStack, timeout: float = 120.0) -> LocalStack:
+    """The stack's verifier and draft service, once both answer Info (the batch manager is the test's own)."""
+    stack.start_verifier()
+    stack.start_draft()
+    for port in (stack.target_port, stack.draft_port):
+        wait_until(lambda port=port: _answers(port), timeout=timeout)
+    return stack
+
+
+def _answers(port: int) -> bool:
+    try:
+        return worker_info(port).num_blocks > 0
+    except grpc.RpcError:  # not up yet
+        return False
+
+
 async def grpc_stream(stack: LocalStack, prompt: list[int], max_tokens: int, delay: float) -> list[int]:
     await asyncio.sleep(delay)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.cfg.grpc_port}") as channel:

@@ -55,15 +55,23 @@ def serve(target: Path, max_num_seqs: int = 8, num_blocks: int = 512, max_queue:
           timeout_s: float = 60) -> Iterator[Served]:
     """The HTTP app over an in-process AR engine on `target`, on a free loopback port, with a client."""
     engine = engine_from_folders(target, None, "ar", block_size=4, num_blocks=num_blocks, max_num_seqs=max_num_seqs)
-    with EngineBackend(engine, model_name=MODEL, max_queue=max_queue) as backend:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(build_http_app(backend), log_level="warning"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        wait_until(lambda: server.started)
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        with httpx.Client(base_url=url, timeout=timeout_s) as client:
-            yield Served(backend, url, client)
+    with EngineBackend(engine, model_name=MODEL, max_queue=max_queue) as backend, http_app(backend) as url, \
+            httpx.Client(base_url=url, timeout=timeout_s) as client:
+        yield Served(backend, url, client)
+
+
+@contextmanager
+def http_app(backend: Any) -> Iterator[str]:
+    """The HTTP app over `backend` on a free loopback port (its base URL) until the block ends."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_http_app(backend), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
         server.should_exit = True
+        thread.join(10)
         thread.join(10)

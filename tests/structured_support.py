@@ -4,8 +4,6 @@ of the structured-output, tool and reasoning tests."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -13,15 +11,14 @@ from typing import Any
 
 import httpx
 import openai
-import uvicorn
 
 from minedraft.batch_manager.backend import GenerationChunk
-from minedraft.batch_manager.http_api import build_http_app
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
-from tests.conftest import engine_from_folders, wait_until
+from tests.conftest import engine_from_folders
 from tests.engine_backend import EngineBackend
+from tests.http_surface_support import http_app
 
 MODEL = "tiny-target"
 
@@ -37,17 +34,8 @@ class TinyServer:
 @contextmanager
 def serve_backend(backend: Any) -> Iterator[TinyServer]:
     """The HTTP app over `backend` on a free loopback port, with clients, until the block ends."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_http_app(backend), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    with httpx.Client(base_url=url, timeout=120) as http:
+    with http_app(backend) as url, httpx.Client(base_url=url, timeout=120) as http:
         yield TinyServer(backend, url, http, openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0))
-    server.should_exit = True
-    thread.join(10)
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from minedraft.bundled import TINY_DRAFT, TINY_TARGET
 from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
-from tests.conftest import wait_until, worker_info
+from tests.conftest import start_workers
 
 STREAMS = 6
 LONG = 900
@@ -27,21 +27,11 @@ LONG = 900
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory):
-    s = LocalStack(StackConfig(target=str(TINY_TARGET), draft=str(TINY_DRAFT), grpc_port=free_port(),
-                               http_port=free_port(), num_blocks=1024, log_dir=tmp_path_factory.mktemp("logs")))
-    s.start_verifier()
-    s.start_draft()
-    for port in (s.target_port, s.draft_port):
-        wait_until(lambda port=port: answers(port), timeout=120)
+    s = start_workers(LocalStack(StackConfig(target=str(TINY_TARGET), draft=str(TINY_DRAFT), grpc_port=free_port(),
+                                             http_port=free_port(), num_blocks=1024,
+                                             log_dir=tmp_path_factory.mktemp("logs"))))
     yield s
     s.stop()
-
-
-def answers(port: int) -> bool:
-    try:
-        return worker_info(port).num_blocks > 0
-    except Exception:  # not up yet
-        return False
 
 
 async def timeline(stack: LocalStack) -> tuple[list[list[float]], float, float]:

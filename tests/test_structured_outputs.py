@@ -24,7 +24,7 @@ from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.structured import StructuredOutput
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.engine.llm_engine import EngineConfig, LLMEngine
-from tests.conftest import wait_until, worker_info
+from tests.conftest import start_workers
 
 SCHEMA = {
     "type": "object",
@@ -145,21 +145,11 @@ def frequencies(probs: torch.Tensor, support: list[int], n: int) -> list[float]:
 
 @pytest.fixture(scope="module")
 def psd_workers(tmp_path_factory: pytest.TempPathFactory):
-    stack = LocalStack(StackConfig(target=str(TINY_TARGET), draft=str(TINY_DRAFT), grpc_port=free_port(),
-                                   http_port=free_port(), num_blocks=512, log_dir=tmp_path_factory.mktemp("logs")))
-    stack.start_verifier()
-    stack.start_draft()
-    for port in (stack.target_port, stack.draft_port):
-        wait_until(lambda port=port: answers(port), timeout=120)
+    stack = start_workers(LocalStack(StackConfig(target=str(TINY_TARGET), draft=str(TINY_DRAFT), grpc_port=free_port(),
+                                                 http_port=free_port(), num_blocks=512,
+                                                 log_dir=tmp_path_factory.mktemp("logs"))))
     yield stack
     stack.stop()
-
-
-def answers(port: int) -> bool:
-    try:
-        return worker_info(port).num_blocks > 0
-    except Exception:  # not up yet
-        return False
 
 
 def test_greedy_structured_output_in_psd_is_ars(engines, psd_workers) -> None:

@@ -76,7 +76,7 @@ class DraftSupervisor:
         self.config = config
         self.state = DraftLinkState(has_draft=link is not None)
         self.epoch = 0
-        self.session = secrets.token_hex(8)  # names this manager's epochs in the verifier's store
+        self.manager_run = secrets.token_hex(8)  # names this manager's epochs in the verifier's store
         self.transport = ""  # what the current epoch's data plane runs over ("" while none is up)
         self.reason = ""  # why the draft service last left the loop (for /health while degraded)
         self._replies: dict[str, asyncio.Future[control_pb2.WorkerEvent]] = {}
@@ -215,7 +215,7 @@ class DraftSupervisor:
         self._replies = {role: loop.create_future() for role in ("verifier", "draft")}
         setup = control_pb2.DataPlaneSetup(epoch=self.epoch, master_addr=vinfo.data_plane_addr,
                                            master_port=vinfo.data_plane_port, backend=cfg.data_plane_backend,
-                                           timeout_s=cfg.data_plane_timeout_s, session=self.session)
+                                           timeout_s=cfg.data_plane_timeout_s, manager_run=self.manager_run)
         self.verifier.send(control_pb2.ControlMessage(setup=setup))
         self.link.send(control_pb2.ControlMessage(setup=setup))
         waiting = asyncio.gather(*self._replies.values(), return_exceptions=True)

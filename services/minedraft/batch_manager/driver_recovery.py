@@ -3,7 +3,7 @@ verifier lost and reconnected. A mixin of StepDriver (step_driver.py), which own
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -33,11 +33,8 @@ class WorkerRecovery:
     admission: Any
     reconnect: Any
 
-    def spec_of(self, req: Any) -> control_pb2.SeqSpec:
-        raise NotImplementedError
-
-    def abort_everything(self, error: str | None = None) -> None:
-        raise NotImplementedError
+    spec_of: Callable[..., control_pb2.SeqSpec]
+    abort_everything: Callable[..., None]
 
     @asynccontextmanager
     async def draining(self) -> AsyncIterator[None]:

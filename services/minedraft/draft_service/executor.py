@@ -63,7 +63,7 @@ class DraftExecutor(PlaneOwner):
             store = dist.TCPStore(setup.master_addr, setup.master_port, is_master=False,
                                   timeout=timedelta(seconds=timeout_s))
             self.plane = DataPlane(DRAFT_RANK, setup.epoch, store, setup.backend, self.worker.runner.device,
-                                   timeout_s, setup.session)
+                                   timeout_s, setup.manager_run)
         except (DataPlaneError, RuntimeError) as exc:
             return control_pb2.WorkerEvent(step=-1, data_plane_lost=True, error=str(exc), epoch=setup.epoch)
         return control_pb2.WorkerEvent(step=-1, setup_done=True, transport=self.plane.transport, epoch=setup.epoch)

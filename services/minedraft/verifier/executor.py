@@ -99,7 +99,7 @@ class VerifierExecutor(PlaneOwner):
         self.drafts_pending = False
         try:
             self.plane = DataPlane(VERIFIER_RANK, setup.epoch, self.store, setup.backend,
-                                   self.worker.runner.device, setup_timeout_s(setup.timeout_s), setup.session)
+                                   self.worker.runner.device, setup_timeout_s(setup.timeout_s), setup.manager_run)
         except DataPlaneError as exc:
             return control_pb2.WorkerEvent(step=-1, data_plane_lost=True, error=str(exc), epoch=setup.epoch)
         return control_pb2.WorkerEvent(step=-1, setup_done=True, transport=self.plane.transport, epoch=setup.epoch)

@@ -53,7 +53,7 @@ class DataPlane:
         backend: str,
         device: torch.device,
         timeout_s: float = 20.0,
-        session: str = "",
+        manager_run: str = "",
     ) -> None:
         self.rank = rank
         self.epoch = epoch
@@ -70,8 +70,8 @@ class DataPlane:
             # One group per direction: with NCCL each group has its own stream, so a verdict travelling one
             # way never queues behind a draft payload travelling the other. Bare backends, not registered with
             # torch.distributed: an epoch's groups are dropped (or aborted) without touching any global state.
-            self.groups = {name: bare_group(backend, dist.PrefixStore(f"{session}/epoch{epoch}/{name}", store), rank, 2,
-                                            timedelta(seconds=timeout_s), f"data-plane-{epoch}-{name}")
+            self.groups = {name: bare_group(backend, dist.PrefixStore(f"{manager_run}/epoch{epoch}/{name}", store),
+                                            rank, 2, timedelta(seconds=timeout_s), f"data-plane-{epoch}-{name}")
                            for name in ("drafts", "verdicts")}
             self._connect_channels()
         except Exception as exc:  # the peer never arrived
