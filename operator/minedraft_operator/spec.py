@@ -101,6 +101,13 @@ class DeploymentSpec:
         return dict(self.raw["images"])
 
     @property
+    def ready_without_draft(self) -> bool:
+        """routing.readyWithoutDraft, unset = on exactly when an InferencePool routes to the replicas."""
+        routing = self.raw["routing"]
+        chosen = routing.get("readyWithoutDraft")
+        return bool(routing["inferencePool"]["enabled"] if chosen is None else chosen)
+
+    @property
     def draft_stand_in(self) -> bool:
         """draft.standIn: verifier rank 0 loads the draft model too and drafts while the draft service is lost."""
         return bool(self.raw["draft"].get("standIn", False))

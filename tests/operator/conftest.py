@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
 from minedraft_operator.crds import deployment_crd, policy_crd
+
+if TYPE_CHECKING:
+    from tests.operator.pod_runner import LocalPod
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "operator" / "examples"
 # The running pod's admin key, from a Secret its resource names (auth.adminSecretRef), as a user's would.
@@ -76,13 +81,24 @@ def cpu_pod_resource(ports: list[int]) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def running_pod(tmp_path_factory: pytest.TempPathFactory):
     """One CPU serving pod, rendered by the operator and run as local processes (shared: it takes seconds)."""
-    from minedraft.bundled import TINY_TARGET
-    from minedraft_operator.render import render
-    from tests.operator.pod_runner import LocalPod, free_ports, http
+    from tests.operator.pod_runner import free_ports, http
 
     mdd = cpu_pod_resource(free_ports(7))
+    with local_cpu_pod(mdd, tmp_path_factory.mktemp("pod")) as pod:
+        status, pod.initial_policy = http("GET", f"http://127.0.0.1:{pod.port('batch-manager', 'admin')}/admin/policy",
+                                          key=ADMIN_KEY)
+        assert status == 200, pod.initial_policy
+        yield mdd, pod
+
+
+@contextlib.contextmanager
+def local_cpu_pod(mdd: dict[str, Any], root: Path) -> Iterator[LocalPod]:
+    """The pod the operator renders for `mdd` (a `cpu_pod_resource`), started and Ready; stopped on exit."""
+    from minedraft.bundled import TINY_TARGET
+    from minedraft_operator.render import render
+    from tests.operator.pod_runner import LocalPod
+
     deployment = next(o for o in render(mdd) if o["kind"] == "Deployment")
-    root = tmp_path_factory.mktemp("pod")
     # /tmp stays this machine's: mapping it would also move a checkout (and its models) that lives under /tmp.
     mounts = {"target-model": TINY_TARGET.parent, "home": root / "home"}
     mounts["home"].mkdir()
@@ -91,9 +107,6 @@ def running_pod(tmp_path_factory: pytest.TempPathFactory):
     pod.start()
     try:
         pod.wait_ready(timeout_s=150)
-        status, pod.initial_policy = http("GET", f"http://127.0.0.1:{pod.port('batch-manager', 'admin')}/admin/policy",
-                                          key=ADMIN_KEY)
-        assert status == 200, pod.initial_policy
-        yield mdd, pod
+        yield pod
     finally:
         pod.stop()

@@ -185,6 +185,30 @@ class LocalPod:
     def port(self, container: str, port_name: str) -> int:
         return next(p["containerPort"] for p in self.container(container)["ports"] if p["name"] == port_name)
 
+    def terminate(self) -> dict[str, int]:
+        """Delete the pod as the kubelet does: each container's preStop sleep, then SIGTERM (containers without
+        one get it at once) to the container's main process only, SIGKILL for all that still runs in it at
+        terminationGracePeriodSeconds. Returns each container's exit status (negative: the signal that ended it)."""
+        started = time.monotonic()
+        grace = float(self.template["spec"].get("terminationGracePeriodSeconds", 30))
+        pending = {c["name"]: c.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+                   for c in self.template["spec"]["containers"]}
+        while pending:
+            for name, pre_stop in list(pending.items()):
+                if time.monotonic() - started >= pre_stop:
+                    if self.procs[name].poll() is None:
+                        self.procs[name].send_signal(signal.SIGTERM)
+                    del pending[name]
+            time.sleep(0.05)
+        codes = {}
+        for name, proc in self.procs.items():
+            try:
+                codes[name] = proc.wait(timeout=max(0.1, started + grace - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                codes[name] = proc.wait()
+        return codes
+
     def stop(self, grace_s: float = 10.0) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:

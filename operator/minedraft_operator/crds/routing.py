@@ -30,4 +30,12 @@ def routing() -> Schema:
          "endpointPicker": picker},
         default={},
     )
-    return obj("How gateways route to the serving pods.", {"inferencePool": pool}, default={})
+    ready = boolean(
+        "Keep a replica Ready while its draft service is lost: the draft container supervises the draft process "
+        "(restarts it itself, with backoff, when it exits or stops answering health checks) instead of "
+        "crash-looping, so the pod stays in the Service and the pool while the batch manager decodes exactly "
+        "without drafts (Degraded=True DraftDisconnected, minedraft:speculation_fallback_active 1). Unset = on "
+        "when inferencePool.enabled (a picker then keeps routing to the replica), off otherwise (Kubernetes "
+        "restarts a failed draft container and the pod is NotReady meanwhile).")
+    return obj("How gateways route to the serving pods.", {"inferencePool": pool, "readyWithoutDraft": ready},
+               default={})

@@ -119,13 +119,20 @@ def draft_container(spec: DeploymentSpec) -> dict[str, Any]:
     slot = layout(spec)[-1]
     port = spec.ports["draft"]
     c = _base(spec, DRAFT, spec.images["worker"], "draft")
-    c["env"] = env_list(_worker_env(spec, spec.draft, slot, port))
+    env = _worker_env(spec, spec.draft, slot, port)
+    if spec.ready_without_draft:  # the process restarts the draft service itself: see worker/supervisor.py
+        env.update({"MINEDRAFT_SUPERVISE": "1", "MINEDRAFT_STARTUP_S": str(spec.raw["startupSeconds"])})
+    c["env"] = env_list(env)
     health = health_port(spec, port)
     c["ports"] = [{"name": "draft-ctl", "containerPort": port, "protocol": "TCP"},
                   {"name": "draft-health", "containerPort": health, "protocol": "TCP"}]
     c["resources"] = _resources(spec.draft.resources, slot)
     c["volumeMounts"] = _mounts(spec, [spec.draft], shm=True)
     c.update(_grpc_probes(health, spec.raw["startupSeconds"]))
+    if spec.ready_without_draft:
+        # The startup probe still waits for the first load; after it, a failed liveness probe would restart the
+        # container (NotReady meanwhile), which is what the supervisor's own health checks replace.
+        del c["livenessProbe"]
     return c
 
 

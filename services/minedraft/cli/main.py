@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a supervising process runs again
     try:
         return int(args.run(args) or 0)
     except MinedraftError as exc:

@@ -18,6 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
+    if args.supervise:
+        return _supervised(args)
     # torch and the engine load here, not on import: `minedraft batch-manager`, whose image has
     # no torch, imports this module for its flags.
     from minedraft.draft_service.executor import DraftExecutor
@@ -33,3 +35,16 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
 
     prepare_process(args, "draft service")
     return run_worker(args, "draft service", make_executor, load=load or load_model)
+
+
+def _supervised(args: argparse.Namespace) -> int:
+    from minedraft.observability.logs import configure_logging
+    from minedraft.worker.supervisor import supervise
+
+    configure_logging("draft supervisor")
+    if args.health_port:
+        host = "127.0.0.1" if args.health_host in ("0.0.0.0", "") else args.health_host
+        address = f"{host}:{args.health_port}"
+    else:
+        address = f"{args.host}:{args.port}"
+    return supervise(args.argv, address, "draft service", args.startup_s)

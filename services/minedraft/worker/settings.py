@@ -68,6 +68,14 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--capture-k", type=nonnegative, default=env("CAPTURE_K", "8"),
                         help="with --capture-batch: for up to this many drafts per sequence per step (the policy's "
                              "k; 0 = plain decoding only) [MINEDRAFT_CAPTURE_K]")
+    if role == "draft":
+        parser.add_argument("--supervise", type=int, choices=(0, 1), default=int(env("SUPERVISE", "0")),
+                            help="1 = run the draft service as a child of this process and restart it when it exits "
+                                 "or stops answering health checks, so the container (and the pod's readiness) "
+                                 "outlives it (worker/supervisor.py) [MINEDRAFT_SUPERVISE]")
+        parser.add_argument("--startup-s", type=float, default=float(env("STARTUP_S", "1800")),
+                            help="with --supervise: a draft service not serving within this many seconds of a "
+                                 "start is restarted [MINEDRAFT_STARTUP_S]")
     if role == "verifier":
         parser.add_argument("--tp-size", type=int, default=int(env("TP_SIZE", "1")),
                             help="tensor-parallel ranks of the verifier [MINEDRAFT_TP_SIZE]")
