@@ -7,3 +7,4 @@ from pathlib import Path
 ASSETS = Path(__file__).resolve().parent / "assets"
 TINY_TARGET = ASSETS / "tiny-target"
 TINY_DRAFT = ASSETS / "tiny-draft"
+TINY_EAGLE = ASSETS / "tiny-eagle"  # an EAGLE-1 head for tiny-target (python -m minedraft.bench.tiny_pair.eagle)

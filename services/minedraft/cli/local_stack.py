@@ -89,6 +89,7 @@ class StackConfig:
     # Module run with `python -m` for the verifier and draft processes; the GPU benchmark swaps in
     # minedraft.bench.synthetic_workers (same flags, a synthetic model loader).
     worker_module: str = "minedraft.cli.main"
+    draft_kind: str = "model"  # "eagle": `draft` is an EAGLE head folder for `target`
 
 
 MAX_BACKOFF_S = 30.0
@@ -148,14 +149,14 @@ class LocalStack:
                 "verifier", "--model", c.target, "--host", "127.0.0.1", "--port", str(self.target_port),
                 "--device", device, "--threads", str(c.threads), "--num-blocks", str(c.num_blocks),
                 "--cpu", c.target_cpu, "--dtype", c.dtype, "--tp-size", str(c.tp_size), "--tp-rank", str(rank),
-                "--tp-addr", tp_addr], c.worker_module)
+                "--tp-addr", tp_addr, "--draft-kind", c.draft_kind, "--draft-head", c.draft], c.worker_module)
 
     def start_draft(self) -> None:
         c = self.cfg
         self._spawn("draft", ["draft", "--model", c.draft, "--host", "127.0.0.1", "--port", str(self.draft_port),
                               "--device", c.draft_device, "--threads", str(c.threads),
-                              "--num-blocks", str(c.num_blocks), "--cpu", c.draft_cpu, "--dtype", c.dtype],
-                    c.worker_module)
+                              "--num-blocks", str(c.num_blocks), "--cpu", c.draft_cpu, "--dtype", c.dtype,
+                              "--draft-kind", c.draft_kind, "--target-model", c.target], c.worker_module)
 
     def manager_command(self) -> tuple[list[str], dict[str, str]]:
         """The batch manager's arguments and the environment it gets beyond ours: an API key travels in the

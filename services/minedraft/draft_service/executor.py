@@ -74,10 +74,11 @@ class DraftExecutor(PlaneOwner):
         with timed(timing, "recv_wait_ms"):
             verdict = self.plane.recv_verdict()
         with timed(timing, "control_ms"):
-            for seq_id, row, accepted in zip(verdict.seq_ids, verdict.tokens.tolist(), verdict.accepted.tolist(),
-                                             strict=True):
+            parts = verdict.hidden.split() if verdict.hidden is not None else [None] * len(verdict.seq_ids)
+            for seq_id, row, accepted, part in zip(verdict.seq_ids, verdict.tokens.tolist(),
+                                                   verdict.accepted.tolist(), parts, strict=True):
                 if seq_id in self.worker.seqs:
-                    self.worker.commit(seq_id, row[: accepted + 1], accepted)
+                    self.worker.commit(seq_id, row[: accepted + 1], accepted, part)
 
     def handle_plan(self, plan: control_pb2.StepPlan) -> control_pb2.WorkerEvent:
         launched, self.launched = self.launched, None

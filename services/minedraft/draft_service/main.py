@@ -28,13 +28,29 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     from minedraft.engine.runner import ModelRunner
     from minedraft.worker.process import capture_ahead, prepare_process, run_worker
 
+    eagle = args.draft_kind == "eagle"
+
     def make_executor(runner: ModelRunner) -> DraftExecutor:
+        if eagle:  # drafts read the verdict's hidden states on the host side of the step: no launch-ahead
+            from minedraft.engine.eagle_drafter import EagleDrafter
+            from minedraft.engine.eagle_runner import EagleRunner
+
+            assert isinstance(runner, EagleRunner)
+            return DraftExecutor(EagleDrafter(runner), launch_ahead=False)
         launch_ahead = args.launch_ahead == "on" or (args.launch_ahead == "auto" and runner.device.type == "cuda")
         capture_ahead(runner, args, scoring=False, name="draft service")
         return DraftExecutor(Drafter(runner), launch_ahead)
 
+    def head_runner() -> ModelRunner:
+        from minedraft.engine.eagle_pair import head_drafter
+        from minedraft.engine.loader import parse_dtype
+
+        return head_drafter(args.model, args.target_model, args.num_blocks, args.block_size, args.device,
+                            parse_dtype(args.dtype)).runner
+
     prepare_process(args, "draft service")
-    return run_worker(args, "draft service", make_executor, load=load or load_model)
+    return run_worker(args, "draft service", make_executor, load=load or load_model,
+                      make_runner=head_runner if eagle else None)
 
 
 def _supervised(args: argparse.Namespace) -> int:

@@ -60,13 +60,20 @@ class Drafter(SequenceHost):
             if prob is not None:
                 probs.append(prob[:, 0])
             if i + 1 < k:
-                logits = self.runner.forward_on_device(seq_ids, token, lengths + i, ones, reserve, last_n=1)
+                logits = self.feed_draft(seq_ids, token, lengths + i, ones, reserve)
         if grammar_rows:
             self.grammars.rollback_drafts(seq_ids, grammar_rows)  # drafts are not output until verified
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
-    def commit(self, seq_id: int, new_tokens: list[int], accepted: int) -> None:
-        """Append the verifier's tokens; keep KV only for drafts that were accepted."""
+    def feed_draft(self, seq_ids: list[int], token: torch.Tensor, position: torch.Tensor, ones: torch.Tensor,
+                   reserve: list[int]) -> torch.Tensor:
+        """Logits after feeding each row's newest draft [B, 1], the token at `position` [B]."""
+        return self.runner.forward_on_device(seq_ids, token, position, ones, reserve, last_n=1)
+
+    def commit(self, seq_id: int, new_tokens: list[int], accepted: int,
+               hidden: tuple[int, torch.Tensor] | None = None) -> None:
+        """Append the verifier's tokens; keep KV only for drafts that were accepted. `hidden`, the target's
+        states from a given position (engine/hidden_rows.py), is for an EAGLE head; a draft model needs none."""
         st = self.seqs[seq_id]
         st.cached = min(st.cached, st.length + accepted)
         st.tokens.extend(new_tokens)

@@ -22,6 +22,7 @@ from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.core.validation import validate_k, validate_request
 from minedraft.engine.drafter import Drafter
+from minedraft.engine.eagle_pair import capturing_runner, head_beside
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.verifier import Verifier
@@ -40,6 +41,7 @@ class EngineConfig:
     num_blocks: int = 4096
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
+    draft_kind: str = "model"  # or "eagle": the draft folder is an EAGLE head (engine/eagle_pair.py)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -102,10 +104,18 @@ class LLMEngine:
             model = load_model(folder, config.device, config.dtype)
             return ModelRunner(model, config.num_blocks, config.block_size, config.device)
 
-        draft = None
+        draft: Drafter | None = None
+        if config.mode == "sd" and draft_dir is None:
+            raise InvalidRequestError("mode 'sd' needs a draft model folder")
+        if config.mode == "sd" and config.draft_kind == "eagle":
+            assert draft_dir is not None
+            model = load_model(target_dir, config.device, config.dtype)
+            target_runner: ModelRunner = capturing_runner(model, draft_dir, config.num_blocks, config.block_size,
+                                                          config.device)
+            draft = head_beside(model, draft_dir, config.num_blocks, config.block_size, config.device, config.dtype)
+            return cls(Verifier(target_runner), draft, Tokenizer(target_dir), config)
         if config.mode == "sd":
-            if draft_dir is None:
-                raise InvalidRequestError("mode 'sd' needs a draft model folder")
+            assert draft_dir is not None
             draft = Drafter(runner(draft_dir))
         target = Verifier(runner(target_dir))
         return cls(target, draft, Tokenizer(target_dir), config)
@@ -186,14 +196,16 @@ class LLMEngine:
         ids = [r.req_id for r in batch]
         proposal = self.draft.propose(ids, self.k) if self.draft is not None else None
         verdict = self.target.verify(ids, proposal)
+        hidden = self.target.runner.take_hidden(ids)  # an EAGLE head's states (None for a draft model)
         self.total_steps += 1
         logprobs, prompt_logprobs = self.target.last_logprobs, self.target.last_prompt_logprobs
-        for req, row, accepted in zip(batch, verdict.tokens.tolist(), verdict.accepted.tolist(), strict=True):
+        for b, (req, row, accepted) in enumerate(zip(batch, verdict.tokens.tolist(), verdict.accepted.tolist(),
+                                                     strict=True)):
             new_tokens = row[: accepted + 1]
             if req.req_id in prompt_logprobs and req.prompt_logprobs is None:
                 req.prompt_logprobs = [None, *prompt_logprobs[req.req_id]]
             if self.draft is not None:
-                self.draft.commit(req.req_id, new_tokens, accepted)
+                self.draft.commit(req.req_id, new_tokens, accepted, hidden.row(b) if hidden is not None else None)
             req.stats.steps += 1
             req.stats.drafted += self.k
             req.stats.accepted += accepted

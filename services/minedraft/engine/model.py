@@ -144,6 +144,8 @@ class CausalLM(nn.Module):
         meta: AttentionMetadata,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         pick: torch.Tensor | None = None,
+        aux_layers: tuple[int, ...] = (),
+        aux: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run [B, Q] tokens through the decoder, writing their KV; returns [B, Q, hidden], or with `pick`
         ([B, n] query indices) the hidden states of those rows only, [B, n, hidden].
@@ -158,6 +160,8 @@ class CausalLM(nn.Module):
         narrow = pick if pick is not None and meta.backend == "torch" and pick.shape[1] < input_ids.shape[1] else None
         last = len(self.model.layers) - 1
         for i, (layer, kv) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+            if aux is not None and i in aux_layers:  # the residual stream entering layer i (EAGLE-3's taps)
+                aux.append(x if residual is None else x + residual)
             x, residual = layer(x, residual, cos_sin, kv, meta, narrow if i == last else None)
         assert residual is not None
         if pick is not None and narrow is None and max(input_ids.shape[1], pick.shape[1]) > 1:  # else the identity

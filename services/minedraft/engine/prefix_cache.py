@@ -38,6 +38,8 @@ class CacheCounts:
 class PrefixCaching:
     """Lookups and publishing for the sequences of one host (one model, one KV cache)."""
 
+    shift = 0  # block i is cached under the key of block i + shift (engine/eagle_prefix.py)
+
     def __init__(self, allocator: BlockAllocator) -> None:
         self.alloc = allocator
         self.seqs: dict[int, SeqPrefix] = {}
@@ -53,7 +55,7 @@ class PrefixCaching:
             return 0
         bs = self.alloc.block_size
         keys = extend_keys(prefix.keys, st.tokens, bs, reusable_blocks(st.length, bs), salt)
-        blocks = self.alloc.lookup(keys)
+        blocks = self.alloc.lookup(keys[self.shift:])
         self.counts.queries += st.length
         if blocks:
             self.alloc.attach(st.seq_id, blocks)
@@ -68,12 +70,16 @@ class PrefixCaching:
         if prefix is None:
             return
         bs = self.alloc.block_size
-        count = min(st.cached, st.length - 1) // bs
+        count = self.publishable(st)
         if count <= prefix.published:
             return
-        extend_keys(prefix.keys, st.tokens, bs, count, prefix.salt)
-        self.alloc.publish(st.seq_id, prefix.keys[:count], prefix.published)
+        extend_keys(prefix.keys, st.tokens, bs, count + self.shift, prefix.salt)
+        self.alloc.publish(st.seq_id, prefix.keys[self.shift:count + self.shift], prefix.published)
         prefix.published = count
+
+    def publishable(self, st: SeqState) -> int:
+        """Full blocks of verified KV: inside the committed tokens the KV holds, less the last position."""
+        return min(st.cached, st.length - 1) // self.alloc.block_size
 
     def forget(self, seq_id: int) -> None:
         self.seqs.pop(seq_id, None)

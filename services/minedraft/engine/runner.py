@@ -14,6 +14,7 @@ import torch
 
 from minedraft.engine.attention import build_metadata
 from minedraft.engine.cuda_graphs import BATCH_BUCKETS, MAX_GRAPH_WIDTH, GraphCache
+from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.kv_cache import BlockAllocator, KVCache
 from minedraft.engine.model import CausalLM
 from minedraft.engine.transfer import to_device
@@ -129,6 +130,11 @@ class ModelRunner:
                               self.config.sliding_window, self.backend)
         pick = (query_lens.unsqueeze(1) - last_n + torch.arange(last_n, device=ids.device)).clamp(min=0)
         return self.model.logits(self.model(ids, meta, self.cache.layers, pick))
+
+    def take_hidden(self, seq_ids: list[int]) -> HiddenRows | None:
+        """The hidden states an EAGLE head needs for these sequences (engine/hidden_capture.py); a plain
+        runner captures none."""
+        return None
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         self.cache.allocator.truncate(seq_id, num_tokens)

@@ -11,6 +11,7 @@ that verifies a batch and drafts it again (scheduler.py, "fused").
 from __future__ import annotations
 
 from minedraft.engine.drafter import Drafter
+from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.proto import control_pb2
 from minedraft.worker.data_frames import DraftPayload
 from minedraft.worker.membership import apply_membership, forget_all
@@ -35,11 +36,14 @@ class ColocatedDrafter:
         payload, self.pending = self.pending, None
         return payload
 
-    def commit(self, seq_ids: list[int], rows: list[list[int]], accepted: list[int]) -> None:
-        """The verifier's tokens for every verified sequence (AR steps too: the copies stay complete)."""
-        for seq_id, row, n in zip(seq_ids, rows, accepted, strict=True):
+    def commit(self, seq_ids: list[int], rows: list[list[int]], accepted: list[int],
+               hidden: HiddenRows | None = None) -> None:
+        """The verifier's tokens for every verified sequence (AR steps too: the copies stay complete), and for
+        an EAGLE head the target's states (engine/hidden_rows.py), already on this device."""
+        parts = hidden.split() if hidden is not None else [None] * len(seq_ids)
+        for seq_id, row, n, part in zip(seq_ids, rows, accepted, parts, strict=True):
             if seq_id in self.drafter.seqs:
-                self.drafter.commit(seq_id, row[: n + 1], n)
+                self.drafter.commit(seq_id, row[: n + 1], n, part)
 
     def draft(self, plan: control_pb2.StepPlan) -> None:
         """Propose k tokens for the plan's draft batch; the next plan verifies them."""

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from minedraft.core.codec import logprobs_to_wire
 from minedraft.engine.drafter import Proposal
+from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.readback import Readback, device_mark
 from minedraft.engine.transfer import to_device
 from minedraft.engine.verifier import Verifier
@@ -133,8 +134,7 @@ class VerifierExecutor(PlaneOwner):
             log.warning("draft service lost at step %d: %s", plan.step, exc)
             self._drop_plane()
             event.data_plane_lost = True
-        self.drafts_pending = (plan.with_drafts and len(plan.draft_batch) > 0 and self.plane is not None
-                               and not here)
+        self.drafts_pending = plan.with_drafts and len(plan.draft_batch) > 0 and self.plane is not None and not here
         with timed(timing, "control_ms"):
             apply_membership(self.worker, plan)
             if self.colocated is not None:
@@ -149,13 +149,12 @@ class VerifierExecutor(PlaneOwner):
             started = device_mark(self.device) if self.colocated is None else None
             with timed(timing, "compute_ms"):
                 verdict = self.worker.judge(ids, proposal)
-            # The verdict leaves while the GPU still computes it: the send's host work (frame, NCCL
-            # enqueue) and posting the receive of this plan's drafts overlap the verify instead of
-            # following it, and the draft service gets its verdict as soon as the GPU has it.
-            self._hand_on(plan, VerdictPayload(plan.step, ids, verdict.tokens, verdict.accepted), timing, event)
+            # The verdict (and an EAGLE head's states) leaves while the GPU computes it: the send overlaps the verify.
+            hidden = self.worker.runner.take_hidden(ids) if plan.send_verdict or self.colocated else None
+            self._hand_on(plan, VerdictPayload(plan.step, ids, verdict.tokens, verdict.accepted, hidden), timing, event)
             readback = self.worker.read_back(verdict, started)
             self._launch_next(plan, ids, event, readback)
-            self._commit(ids, readback, event)
+            self._commit(ids, readback, event, hidden)
         else:
             if self.followers is not None:
                 self.followers.send(KIND_PLAN, plan, None, drop=dropped)
@@ -169,7 +168,8 @@ class VerifierExecutor(PlaneOwner):
         self.last_step = plan.step
         return self._report(event)
 
-    def _commit(self, ids: list[int], readback: Readback, event: control_pb2.WorkerEvent) -> None:
+    def _commit(self, ids: list[int], readback: Readback, event: control_pb2.WorkerEvent,
+                hidden: HiddenRows | None = None) -> None:
         """Read the verdict back, commit it, and put it in the event."""
         self.verified_count += 1
         timing = event.timing
@@ -182,7 +182,7 @@ class VerifierExecutor(PlaneOwner):
         event.verdicts.accepted.extend(accepted_list)
         if self.colocated is not None:
             with timed(timing, "control_ms"):
-                self.colocated.commit(ids, rows, accepted_list)
+                self.colocated.commit(ids, rows, accepted_list, hidden)
         event.verdicts.tokens.extend(t for row, c in zip(rows, counts, strict=True) for t in row[:c])
         for seq_id, entries in self.worker.last_logprobs.items():
             event.verdicts.logprobs.append(logprobs_to_wire(seq_id, entries, self.worker.seqs[seq_id].params.logprobs

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from minedraft.worker.settings import DRAIN_MARGIN_S, add_worker_flags
 
 if TYPE_CHECKING:
+    from minedraft.engine.runner import ModelRunner
     from minedraft.verifier.colocated import ColocatedDrafter
     from minedraft.worker.process import ModelLoader
 
@@ -35,10 +36,17 @@ def exit_if_rank0_never_stops(grace_s: float) -> None:
         signal.signal(sig, on_signal)
 
 
-def colocated_drafter(args: argparse.Namespace, load: ModelLoader) -> ColocatedDrafter | None:
-    """--colocated-draft: the draft model on rank 0's GPU, with its own KV cache of --num-blocks."""
+def colocated_drafter(args: argparse.Namespace, load: ModelLoader, target: ModelRunner) -> ColocatedDrafter | None:
+    """--colocated-draft: the draft model (or EAGLE head) on rank 0's GPU, with its own KV cache of --num-blocks."""
     if not args.colocated_draft:
         return None
+    if args.draft_kind == "eagle":
+        from minedraft.engine.eagle_pair import head_beside
+        from minedraft.engine.loader import parse_dtype
+        from minedraft.verifier.colocated import ColocatedDrafter
+
+        return ColocatedDrafter(head_beside(target.model, args.colocated_draft, args.num_blocks, args.block_size,
+                                            args.device, parse_dtype(args.dtype)))
     from minedraft.engine.drafter import Drafter
     from minedraft.engine.loader import parse_dtype
     from minedraft.engine.runner import ModelRunner
@@ -58,7 +66,6 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     import torch
 
     from minedraft.engine.loader import load_model
-    from minedraft.engine.runner import ModelRunner
     from minedraft.engine.verifier import Verifier
     from minedraft.verifier.executor import VerifierExecutor
     from minedraft.verifier.tp_follower import follow
@@ -92,13 +99,23 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
         store = host_store(args.host, args.data_port)
         logging.info("data plane rendezvous store listening on %s:%d only", args.host, store.port)
         # auto: one GPU only; with tensor-parallel followers it has not paid yet (docs/benchmarks/gpu.md)
-        auto = runner.device.type == "cuda" and args.tp_size == 1
-        launch_ahead = args.launch_ahead == "on" or (args.launch_ahead == "auto" and auto)
+        auto = runner.device.type == "cuda" and args.tp_size == 1 and args.draft_kind == "model"
+        launch_ahead = args.draft_kind == "model" and (args.launch_ahead == "on" or (args.launch_ahead == "auto"
+                                                                                     and auto))
         return VerifierExecutor(Verifier(runner), store, args.host, store.port, channel,
-                                colocated_drafter(args, load), launch_ahead, stall)
+                                colocated_drafter(args, load, runner), launch_ahead, stall)
+
+    def capturing() -> ModelRunner:  # --draft-kind eagle: the runner keeps what the head reads
+        from minedraft.engine.eagle_pair import capturing_runner
+        from minedraft.engine.loader import parse_dtype
+        from minedraft.worker.settings import draft_head_dir
+
+        model = load(args.model, args.device, parse_dtype(args.dtype), tp=tp)
+        return capturing_runner(model, draft_head_dir(args), args.num_blocks, args.block_size, args.device)
 
     try:
-        return run_worker(args, "verifier", make_executor, tp, load)
+        return run_worker(args, "verifier", make_executor, tp, load,
+                          make_runner=capturing if args.draft_kind == "eagle" else None)
     finally:
         if channel is not None:
             channel.send(KIND_STOP)

@@ -3,8 +3,10 @@
 A payload travels as one fixed-size int64 frame (what does not fit follows it): a header of HEADER_SLOTS slots
 (step, batch, k, has_probs, vocab, body length), then the body. Drafts: sequence ids, then the [B, k]
 tokens (q for sampled rows follows as its own float32 tensor). Verdicts: sequence ids, accepted counts,
-then the [B, k+1] tokens, -1 padded. A frame received into device memory can be used by views (the
-`Posted*` forms) before the host reads it; its header is checked once it does.
+then the [B, k+1] tokens, -1 padded; for an EAGLE head also each row's first position and count of target
+hidden states (header slots 3 and 4: their width and total rows), which follow as one float32 tensor.
+A frame received into device memory can be used by views (the `Posted*` forms) before the host reads it;
+its header is checked once it does.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from minedraft.engine.hidden_rows import HiddenRows
 
 HEADER_SLOTS = 6  # step, batch, k, has_probs, vocab, body length
 FRAME_SLOTS = 8192  # int64 slots of a payload's first message (64 KiB): ~900 sequences at k = 6
@@ -61,3 +65,4 @@ class VerdictPayload:
     seq_ids: list[int]
     tokens: torch.Tensor  # [B, k+1], -1 padded (received: on the host)
     accepted: torch.Tensor  # [B]
+    hidden: HiddenRows | None = None  # an EAGLE head's target states (received: on the draft's device)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from minedraft.core.errors import MinedraftError
+from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.transfer import to_device
 from minedraft.worker.data_frames import (
     FRAME_SLOTS,
@@ -218,15 +219,29 @@ class DataPlane:
 
     def send_verdict(self, payload: VerdictPayload) -> None:
         batch, width = payload.tokens.shape
-        body = torch.cat((self._ids(payload.seq_ids), payload.accepted.to(self.device, torch.int64),
-                          payload.tokens.to(self.device, torch.int64).reshape(-1)))
-        self._send_frame([payload.step, batch, width - 1], body, "verdicts")
+        parts = [self._ids(payload.seq_ids), payload.accepted.to(self.device, torch.int64),
+                 payload.tokens.to(self.device, torch.int64).reshape(-1)]
+        header = [payload.step, batch, width - 1]
+        extra = None
+        if payload.hidden is not None:  # an EAGLE head's states: runs per row, then the rows themselves
+            hidden = payload.hidden
+            parts.append(self._ids([*hidden.starts, *hidden.counts]))
+            header += [int(hidden.rows.shape[1]), int(hidden.rows.shape[0])]
+            extra = [hidden.rows.to(self.device, torch.float32)] if hidden.rows.shape[0] else None
+        self._send_frame(header, torch.cat(parts), "verdicts", extra)
 
     def recv_verdict(self) -> VerdictPayload:
-        # The draft service reads verdicts on the host only, so they stay there.
-        (step, batch, k, *_), host, _ = self._recv_frame("verdicts")
-        return VerdictPayload(step, host[:batch].tolist(), host[2 * batch :].view(batch, k + 1),
-                              host[batch : 2 * batch])
+        # The draft service reads tokens on the host only, so they stay there; hidden states stay on the device.
+        (step, batch, k, width, count, _), host, _ = self._recv_frame("verdicts")
+        tokens_end = 2 * batch + batch * (k + 1)
+        hidden = None
+        if width:
+            runs = host[tokens_end:tokens_end + 2 * batch].tolist()
+            rows = (self._recv((count, width), torch.float32, "verdicts") if count
+                    else torch.zeros((0, width), device=self.device))
+            hidden = HiddenRows(runs[:batch], runs[batch:], rows)
+        return VerdictPayload(step, host[:batch].tolist(), host[2 * batch:tokens_end].view(batch, k + 1),
+                              host[batch : 2 * batch], hidden)
 
     def abort(self) -> None:
         """From any thread, when the peer is known dead: NCCL never notices a dead peer (a receive waits for

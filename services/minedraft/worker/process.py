@@ -90,10 +90,12 @@ def worker_telemetry(args: argparse.Namespace, executor: StepExecutor) -> Worker
 def run_worker(
     args: argparse.Namespace, name: str, make_executor: Callable[[ModelRunner], StepExecutor],
     tp: TPContext | None = None, load: ModelLoader = load_model,
+    make_runner: Callable[[], ModelRunner] | None = None,
 ) -> int:
-    """Load the model, serve the control plane until a signal, then drain: keep serving the
-    connected batch manager until it closes its stream (it drains first), and exit 0."""
-    executor = make_executor(load_runner(args, tp, load))
+    """Load the model (`make_runner` when the runner is not the plain one), serve the control plane until a
+    signal, then drain: keep serving the connected batch manager until it closes its stream (it drains
+    first), and exit 0."""
+    executor = make_executor(make_runner() if make_runner is not None else load_runner(args, tp, load))
     server = serve_worker(executor, args.host, args.port, worker_telemetry(args, executor), args.health_host,
                           args.health_port)
     probes = f", health also on {args.health_host}:{args.health_port}" if args.health_port else ""

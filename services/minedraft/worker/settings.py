@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from minedraft.bundled import TINY_DRAFT, TINY_TARGET
+from minedraft.bundled import TINY_DRAFT, TINY_EAGLE, TINY_TARGET
 
+DRAFT_KINDS = ("model", "eagle")  # a draft model, or an EAGLE head (engine/eagle_pair.py)
 DRAIN_MARGIN_S = 10.0  # workers wait this much beyond the drain grace: the manager's preStop and shutdown
 
 
@@ -68,7 +69,13 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--capture-k", type=nonnegative, default=env("CAPTURE_K", "8"),
                         help="with --capture-batch: for up to this many drafts per sequence per step (the policy's "
                              "k; 0 = plain decoding only) [MINEDRAFT_CAPTURE_K]")
+    parser.add_argument("--draft-kind", choices=DRAFT_KINDS, default=env("DRAFT_KIND", "model"),
+                        help="what drafts: a draft model, or an EAGLE head reading the target's hidden states, which "
+                             "the verifier captures and sends with each verdict [MINEDRAFT_DRAFT_KIND]")
     if role == "draft":
+        parser.add_argument("--target-model", default=env("TARGET_MODEL", str(TINY_TARGET)),
+                            help="with --draft-kind eagle: the target's folder, whose embedding and lm_head the "
+                                 "head (--model) shares by copy [MINEDRAFT_TARGET_MODEL]")
         parser.add_argument("--supervise", type=int, choices=(0, 1), default=int(env("SUPERVISE", "0")),
                             help="1 = run the draft service as a child of this process and restart it when it exits "
                                  "or stops answering health checks, so the container (and the pod's readiness) "
@@ -85,6 +92,10 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                             help="host:port of rank 0's tensor-parallel rendezvous [MINEDRAFT_TP_ADDR]")
         parser.add_argument("--data-port", type=int, default=int(env("DATA_PORT", "0")),
                             help="data-plane rendezvous port, 0 = any free [MINEDRAFT_DATA_PORT]")
+        parser.add_argument("--draft-head", default=env("DRAFT_HEAD", ""),
+                            help="with --draft-kind eagle: the EAGLE head's folder, whose config says which hidden "
+                                 "states to capture (default: --colocated-draft, else the bundled tiny head) "
+                                 "[MINEDRAFT_DRAFT_HEAD]")
         parser.add_argument("--colocated-draft", default=env("COLOCATED_DRAFT", ""),
                             help="draft model folder to load on this verifier's (rank 0's) GPU and run standard SD "
                                  "without a draft service; empty = drafts come from a draft service "
@@ -100,3 +111,8 @@ def pin_cpus(spec: str) -> None:
         lo, _, hi = part.partition("-")
         cores.update(range(int(lo), int(hi or lo) + 1))
     os.sched_setaffinity(0, cores)
+
+
+def draft_head_dir(args: argparse.Namespace) -> str:
+    """The verifier's EAGLE head folder: --draft-head, else the colocated draft's, else the bundled one."""
+    return args.draft_head or args.colocated_draft or str(TINY_EAGLE)
