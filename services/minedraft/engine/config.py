@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from minedraft.core.errors import ModelLoadError
+from minedraft.engine.fp8_config import Fp8Config, fp8_config_from_dict
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -53,6 +54,7 @@ class ModelConfig:
     rope: RopeConfig = field(default_factory=RopeConfig)
     sliding_window: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    quantization: Fp8Config | None = None  # FP8 linear projections (engine/fp8_config.py); None: model dtype
 
 
 def _rope_from_hf(raw: dict[str, Any]) -> RopeConfig:
@@ -132,6 +134,7 @@ def model_config_from_dict(raw: dict[str, Any]) -> ModelConfig:
             rope=_rope_from_hf(raw),
             sliding_window=_sliding_window(raw, family),
             eos_token_ids=_eos_ids(raw),
+            quantization=fp8_config_from_dict(raw.get("quantization_config")),
         )
     except KeyError as exc:
         raise ModelLoadError(f"config.json is missing required field {exc.args[0]!r}") from exc

@@ -13,7 +13,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from minedraft.engine.config import RopeConfig
+from minedraft.engine.fp8_linear import fp8_linear, kernel_supported
+from minedraft.engine.fp8_weights import Fp8Weight, fuse_fp8, is_fp8, linear_weight
 from minedraft.engine.fused import rms_norm, silu_and_mul
+
+Weight = torch.Tensor | Fp8Weight  # what `linear` multiplies by
 
 
 class RMSNorm(nn.Module):
@@ -81,7 +85,7 @@ class RotaryEmbedding(nn.Module):
         return both[:, :, 0:1], both[:, :, 1:2]
 
 
-def gemm_weight(weight: torch.Tensor) -> torch.Tensor:
+def gemm_weight(weight: Weight) -> Weight:
     """A linear's [out, in] weight in the form `linear` multiplies fastest.
 
     On CPU (float32): a copy prepacked by oneDNN into the blocked layout its GEMM kernels read, as
@@ -89,35 +93,45 @@ def gemm_weight(weight: torch.Tensor) -> torch.Tensor:
     small GEMMs on one thread whatever torch's setting): 1 thread 1.3x at 16 rows and 1.2x at 80,
     2 threads 1.5x at 16 rows; equal at one row. The checkpoint-named parameters keep the dense
     weights (the copy costs their memory once more). Elsewhere: the weight itself.
-    Pack once the weights are final and on their device.
+    Pack once the weights are final and on their device. An FP8 weight stays FP8 where the GEMM
+    kernel runs it; elsewhere it gains its dequantized float32 copy, prepacked likewise.
     """
+    if isinstance(weight, Fp8Weight):
+        if not kernel_supported(weight):
+            weight.dense = gemm_weight(weight.dequantize())
+        return weight
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
         return weight
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear`, or oneDNN's GEMM for a weight prepacked by `gemm_weight` (same product, rounded
-    in its own order: relative differences around 1e-7)."""
+    in its own order: relative differences around 1e-7), or the FP8 product (`engine/fp8_linear.py`)."""
+    if isinstance(weight, Fp8Weight):
+        return fp8_linear(x, weight, bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
 
-def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def fuse_linears(linears: list[nn.Linear]) -> tuple[Weight, torch.Tensor | None]:
     """One weight (and bias) for linears that share an input, so a step reads it in one matmul.
 
     Each linear's parameters become views into the fused tensor, so checkpoint names, state
     dicts and parameter counts are unchanged. Fuse after the model is on its device: moving
-    it afterwards would copy the views apart. Returns the dense fused weight and bias.
+    it afterwards would copy the views apart. Returns the fused weight (dense, or FP8 with its
+    scales when the linears are quantized: `fp8_weights.fuse_fp8`) and bias.
     """
-    weight = torch.cat([lin.weight.detach() for lin in linears])
+    quantized = any(is_fp8(lin) for lin in linears)
+    weight: Weight = fuse_fp8(linears) if quantized else torch.cat([lin.weight.detach() for lin in linears])
     has_bias = linears[0].bias is not None
     bias = torch.cat([lin.bias.detach() for lin in linears]) if has_bias else None  # type: ignore[union-attr]
     offset = 0
     for lin in linears:
         rows = lin.weight.shape[0]
-        lin.weight = nn.Parameter(weight[offset : offset + rows], requires_grad=False)
+        if not quantized:  # fuse_fp8 made the FP8 views itself
+            lin.weight = nn.Parameter(weight[offset : offset + rows], requires_grad=False)  # type: ignore[index]
         if bias is not None:
             lin.bias = nn.Parameter(bias[offset : offset + rows], requires_grad=False)
         offset += rows
@@ -132,12 +146,12 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.gate_up_weight: torch.Tensor | None = None  # set by fuse(), before the first forward (`gemm_weight`)
-        self.down_weight: torch.Tensor | None = None
+        self.gate_up_weight: Weight | None = None  # set by fuse(), before the first forward (`gemm_weight`)
+        self.down_weight: Weight | None = None
 
     def fuse(self) -> None:
         self.gate_up_weight = gemm_weight(fuse_linears([self.gate_proj, self.up_proj])[0])
-        self.down_weight = gemm_weight(self.down_proj.weight)
+        self.down_weight = gemm_weight(linear_weight(self.down_proj))
 
     def forward(self, x: torch.Tensor, backend: str = "torch") -> torch.Tensor:
         assert self.gate_up_weight is not None and self.down_weight is not None, "fuse() first"

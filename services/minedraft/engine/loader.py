@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from minedraft.core.errors import ModelLoadError
 from minedraft.engine.config import ModelConfig, load_model_config
+from minedraft.engine.fp8_weights import E4M3, apply_fp8_layout
 from minedraft.engine.model import CausalLM
 from minedraft.engine.tensor_parallel import TPContext, local_config, read_shard
 
@@ -67,6 +68,11 @@ def load_state(model: CausalLM, files: list[Path], tp: TPContext) -> None:
                     continue
                 tensor = read_shard(f, name, tp)
                 target = params[name]
+                if (tensor.dtype == E4M3) != (target.dtype == E4M3):
+                    raise ModelLoadError(
+                        f"{path.name}: tensor {name!r} is {tensor.dtype}, the model expects {target.dtype} "
+                        "(config.json's quantization_config and the weights disagree)"
+                    )
                 if tuple(tensor.shape) != tuple(target.shape):
                     raise ModelLoadError(
                         f"{path.name}: tensor {name!r} has shape {tuple(tensor.shape)}, "
@@ -96,6 +102,8 @@ def load_model(
     cfg: ModelConfig = local_config(load_model_config(path), tp)
     files = safetensors_files(path)
     model = CausalLM.empty(cfg, tp.reducer(), device, dtype)
+    if cfg.quantization is not None:
+        apply_fp8_layout(model, cfg.quantization)
     load_state(model, files, tp)
     model = model.fuse_projections().eval()
     model.source_dir = path  # where grammar masks find the model's tokenizer.json

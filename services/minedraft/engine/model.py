@@ -14,11 +14,13 @@ from torch import nn
 
 from minedraft.engine.attention import AttentionMetadata, paged_attention, select_queries, take_rows
 from minedraft.engine.config import ModelConfig
+from minedraft.engine.fp8_weights import linear_weight
 from minedraft.engine.fused import add_rms_norm, rope_and_store
 from minedraft.engine.layers import (
     RMSNorm,
     RotaryEmbedding,
     SwiGLU,
+    Weight,
     fuse_linears,
     gemm_weight,
     linear,
@@ -41,14 +43,14 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.qkv_weight: torch.Tensor | None = None  # set by fuse(), before the first forward (`gemm_weight`)
+        self.qkv_weight: Weight | None = None  # set by fuse(), before the first forward (`gemm_weight`)
         self.qkv_bias: torch.Tensor | None = None
-        self.o_weight: torch.Tensor | None = None
+        self.o_weight: Weight | None = None
 
     def fuse(self) -> None:
         qkv_weight, self.qkv_bias = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
         self.qkv_weight = gemm_weight(qkv_weight)
-        self.o_weight = gemm_weight(self.o_proj.weight)
+        self.o_weight = gemm_weight(linear_weight(self.o_proj))
 
     def forward(
         self,

@@ -24,6 +24,7 @@ from minedraft.engine.config import ModelConfig
 COLUMN_PARALLEL = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias",
                    "v_proj.bias", "gate_proj.weight", "up_proj.weight")
 ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")
+FP8_SCALES = (".weight_scale_inv", ".weight_scale")  # FP8 weight scales shard with their weight (engine/fp8_config.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +63,29 @@ def local_config(cfg: ModelConfig, tp: TPContext) -> ModelConfig:
                         ("intermediate_size", cfg.intermediate_size)):
         if value % tp.size:
             raise ModelLoadError(f"{name} ({value}) is not divisible by the tensor-parallel size {tp.size}")
+    if cfg.quantization is not None and cfg.quantization.scheme == "block":
+        _check_fp8_blocks(cfg, tp)
     return replace(cfg, num_heads=cfg.num_heads // tp.size, num_kv_heads=cfg.num_kv_heads // tp.size,
                    intermediate_size=cfg.intermediate_size // tp.size)
 
 
+def _check_fp8_blocks(cfg: ModelConfig, tp: TPContext) -> None:
+    """Each rank's slice of a block-quantized weight must be whole 128x128 blocks, or its scales
+    would not split with it (the sharded out-dims of q/k/v and gate/up, the in-dims of o/down)."""
+    block = 128
+    for name, full in (("num_attention_heads * head_dim", cfg.num_heads * cfg.head_dim),
+                       ("num_key_value_heads * head_dim", cfg.num_kv_heads * cfg.head_dim),
+                       ("intermediate_size", cfg.intermediate_size)):
+        if (full // tp.size) % block:
+            raise ModelLoadError(f"FP8 block weights cannot be split {tp.size} ways: {name} ({full}) / {tp.size} "
+                                 f"is not a multiple of the {block}-wide scale blocks; use a smaller tensor-parallel "
+                                 "size or a per-channel FP8 checkpoint")
+
+
 def shard_dim(name: str) -> int | None:
+    for suffix in FP8_SCALES:
+        if name.endswith(suffix):
+            return shard_dim(name[: -len(suffix)] + ".weight")
     if name.endswith(COLUMN_PARALLEL):
         return 0
     if name.endswith(ROW_PARALLEL):
@@ -94,5 +113,7 @@ def read_shard(handle, name: str, tp: TPContext) -> torch.Tensor:
     if tp.size == 1 or dim is None:
         return handle.get_tensor(name)
     view = handle.get_slice(name)
+    if view.get_shape()[dim] == 1:  # a per-channel FP8 scale of a row-parallel weight: every rank needs it
+        return handle.get_tensor(name)
     lo, hi = shard_bounds(view.get_shape()[dim], tp)
     return view[lo:hi] if dim == 0 else view[:, lo:hi]
