@@ -63,6 +63,24 @@ def add_gpu_sweep_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-depth", type=int, default=2, help="plans in flight ahead of the verifier")
     p.add_argument("--profile-host", action="store_true", help="finish with a cProfile'd PSD run (k=4, m=16)")
     p.add_argument("--tiny", action="store_true", help="also run the bundled tiny pair (k=4, --small-ms)")
+    p.add_argument("--step-table", action="store_true",
+                   help="also measure the engine step per (batch, k): GPU time, whole time, bound (step_profile.py)")
+    p.add_argument("--step-only", action="store_true", help="measure the step table alone (implies --step-table)")
+    add_step_table_flags(p)
+
+
+def add_step_table_flags(p: argparse.ArgumentParser) -> None:
+    """The engine-step table's cells (`minedraft bench gpu --step-table`, and bench/gpu/step_profile.py)."""
+    p.add_argument("--step-batches", type=int_list, default=[1, 16, 32, 64])
+    p.add_argument("--step-ks", type=int_list, default=[4, 6], help="k of the verify, draft and fused cells")
+    p.add_argument("--step-modes", default="ar,verify,draft,fused", help="comma list of ar, verify, draft, fused")
+    p.add_argument("--step-context", type=int, default=128, help="prompt tokens per sequence before the steps")
+    p.add_argument("--step-rounds", type=int, default=4, help="rounds of (whole, phased, GPU-alone) blocks")
+    p.add_argument("--step-steps", type=int, default=6, help="steps per block")
+    p.add_argument("--step-num-blocks", type=int, default=4096, help="KV blocks per model for the step cells")
+    p.add_argument("--step-alpha", type=float, default=0.0269, help="the synthetic pair's alpha for the step cells")
+    p.add_argument("--weights", default="bf16",
+                   help="comma list of the target's (and draft's) weight formats: bf16, fp8 (needs FP8 support)")
 
 
 def add_gpu_report_flags(p: argparse.ArgumentParser) -> None:

@@ -11,6 +11,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from minedraft.bench.gpu.step_report import report_lines
+
 
 def fmt(x: float, digits: int = 1) -> str:
     return f"{x:.{digits}f}"
@@ -80,6 +82,8 @@ def write_report(results: dict, out_dir: Path) -> Path:
     c = results.get("ceilings", {})
     if c:
         lines += [f"Ceilings: copy {fmt(c['copy_GBps'])} GB/s, bf16 matmul {fmt(c['bf16_TFLOPs'])} TFLOP/s.", ""]
+    if results.get("step_table"):
+        lines += [*report_lines(results["step_table"]), ""]
     bw = results.get("ar_bandwidth")
     if bw and c:
         lines += [f"AR decode, batch 1: {fmt(bw['step_ms'], 2)} ms/step, {fmt(bw['achieved_GBps'])} GB/s = "
@@ -96,12 +100,13 @@ def write_report(results: dict, out_dir: Path) -> Path:
                                           for k, v in results["batch1"].items()), ""]
     if results.get("nccl_transport"):
         lines += [f"NCCL transport: {results['nccl_transport']}", ""]
-    lines += throughput_table(rows)
+    if rows:
+        lines += throughput_table(rows)
     for side, text in results.get("host_profile", {}).items():
         if side != "run":
             lines += ["", f"Host profile of the {side} loop thread (cProfile, one PSD m+m run, k=4, m=16):", "",
                       "```", text.strip(), "```"]
-    if plot(rows, out_dir / "throughput.png", k=4):
+    if rows and plot(rows, out_dir / "throughput.png", k=4):
         lines += ["", "![throughput](throughput.png)"]
     path = out_dir / "results.md"
     path.write_text("\n".join(lines) + "\n")

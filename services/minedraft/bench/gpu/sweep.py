@@ -7,7 +7,9 @@ One invocation measures, side by side on the same machine:
 - through the real three services (verifier on GPU 0, draft on GPU 1, NCCL data plane):
   standard SD with the draft on its own GPU (sequential) and PSD, at equal total
   concurrency (m/2 + m/2 vs m) and the paper's way (m + m vs m);
-- transformers `generate` and assisted generation at batch 1 on the same weights.
+- transformers `generate` and assisted generation at batch 1 on the same weights;
+- with `--step-table` (`--step-only`: it alone), the engine step per (batch, k) and weight format: its GPU
+  time, its whole time and its bound side by side, with its host phases (step_profile.py).
 The synthetic pair (minedraft.bench.synthetic_pair) is calibrated to per-token greedy acceptance
 near 0.5, 0.7 and 0.9 first. Results: JSON, a markdown table and a PNG plot under --out.
 """
@@ -19,6 +21,7 @@ import json
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,6 +31,7 @@ from minedraft.bench.gpu.inprocess import calibrate, inprocess_sweep
 from minedraft.bench.gpu.pairs import TINY_ALPHA, bench_pair
 from minedraft.bench.gpu.report import write_report
 from minedraft.bench.gpu.services import host_profile, services_sweep
+from minedraft.bench.gpu.step_profile import StepConfig, profile
 from minedraft.bench.gpu.timing import ceilings, log
 from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic
 
@@ -56,6 +60,18 @@ def run(args: argparse.Namespace) -> int:
     results["topology"] = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True).stdout
     results["ceilings"] = ceilings()
     log(f"ceilings: {results['ceilings']}")
+    if args.step_table or args.step_only:  # the engine step per (batch, k) against its GPU time and bound
+        cfg = replace(StepConfig.from_args(args), copy_GBps=results["ceilings"]["copy_GBps"],
+                      matmul_TFLOPs=results["ceilings"]["bf16_TFLOPs"], device="cuda:0")
+
+        def saved(table: dict) -> None:
+            results["step_table"] = table
+            save()
+
+        profile(cfg, saved)
+        if args.step_only:
+            log(f"report: {write_report(results, out)}")
+            return 0
     goals = [float(x) for x in args.acceptance.split(",")]
     needs_draft = not (args.alphas and args.skip_inprocess)
     synthetic_draft = (build_synthetic(SyntheticSpec(args.shape, "draft", 0.0, args.draft_layers), "cuda:0",

@@ -1,0 +1,275 @@
+"""One engine step in this process, measured three ways: whole, split into host phases, and GPU alone.
+
+Cells (step_report.MODES): "ar" and "verify" run the verifier service's own executor
+(`VerifierExecutor.handle_plan`: plan membership, the judge, the verdict's readback and commit, the
+event) on plans of one-token decodes or of k fixed drafts per row; "draft" has the draft model propose
+k tokens (its drafts read back, then committed as all accepted); "fused" is SD colocated, one plan per
+cycle that verifies the last drafts and drafts again on the verifier's own draft model.
+
+Each cell runs rounds of three blocks of steps (clean, instrumented, GPU-alone; the order reversed every
+other round, so each kind sees the same contexts on average):
+- whole: wall time of consecutive plain steps, the last one's GPU work waited for, per step;
+- phases: the same steps with the engine's functions wrapped (`phase_clock.py`), host ms per phase;
+- GPU: each step's GPU work queued behind a sleeping kernel, so the host is ahead and the kernels run
+  back to back; the events around it give the GPU time the step would take with no host in the way.
+  A segment is late when the host reached its end after the GPU did (then it includes host gaps).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from minedraft.bench.gpu.phase_clock import OTHER, Hook, Patches, PhaseClock
+from minedraft.bench.gpu.step_report import ModelBytes, bound_ms, compute_ms, draft_bytes, step_flops
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.engine import drafter as drafter_module
+from minedraft.engine import verifier as verifier_module
+from minedraft.engine.cuda_graphs import GraphCache
+from minedraft.engine.drafter import Drafter
+from minedraft.engine.kv_cache import BlockAllocator, KVCache
+from minedraft.engine.readback import Readback
+from minedraft.engine.runner import ModelRunner
+from minedraft.engine.sequence_host import SequenceHost
+from minedraft.engine.verifier import Verifier
+from minedraft.proto import control_pb2
+from minedraft.verifier import executor as executor_module
+from minedraft.verifier.colocated import ColocatedDrafter
+from minedraft.verifier.executor import VerifierExecutor
+from minedraft.worker.data_frames import DraftPayload
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    mode: str  # step_report.MODES
+    batch: int
+    k: int = 0
+
+
+def model_bytes(runner: ModelRunner) -> ModelBytes:
+    params = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    count = sum(p.numel() for p in runner.model.parameters())
+    embedding = sum(p.numel() for name, p in runner.model.named_parameters() if "embed_tokens" in name)
+    cfg, kv = runner.config, runner.cache.layers[0][0]
+    return ModelBytes.of(params, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv.element_size(), count - embedding)
+
+
+def phase_hooks() -> list[Hook]:
+    """Which engine function does which part of a step (exclusive time: the innermost named one counts)."""
+    ex = executor_module
+    return [
+        Hook(ex, "apply_membership", "plan decode"), Hook(ex, "verify_ids", "plan decode"),
+        Hook(ex, "align_drafts", "plan decode"), Hook(ColocatedDrafter, "apply_membership", "plan decode"),
+        Hook(KVCache, "block_table_tensor", "block tables"), Hook(BlockAllocator, "ensure", "block tables"),
+        Hook(SequenceHost, "sampling", "sampling tensors"),
+        Hook(ModelRunner, "to_device", "input copies"), Hook(ModelRunner, "forward", "input copies"),
+        Hook(GraphCache, "replay", "input copies"),
+        Hook(torch.cuda.CUDAGraph, "replay", "graph replay"),
+        Hook(ModelRunner, "run", "eager launches"), Hook(verifier_module, "verify_drafts", "eager launches"),
+        Hook(drafter_module, "sample_tokens", "eager launches"),
+        Hook(Readback, "__init__", "readback queue"), Hook(Verifier, "read_back", "readback queue"),
+        Hook(torch.cuda.Event, "synchronize", "readback wait"),
+        Hook(Verifier, "commit", "commit"), Hook(Drafter, "commit", "commit"),
+        Hook(ColocatedDrafter, "commit", "commit"), Hook(VerifierExecutor, "_commit", "commit"),
+        Hook(VerifierExecutor, "_report", "commit"),
+        Hook(Drafter, "propose", OTHER, scope="draft"),
+    ]
+
+
+class BlockedGpu:
+    """GPU time of steps whose work waits behind a sleeping kernel (segments: step start to a readback's
+    wait, a proposal's start to the step's end)."""
+
+    def __init__(self, device: torch.device, sleep_ms: float = 10.0) -> None:
+        self.on = device.type == "cuda"
+        self.cycles = self._cycles(sleep_ms) if self.on else 0
+        self.start: torch.cuda.Event | None = None
+        self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.late = 0
+
+    @staticmethod
+    def _cycles(ms: float) -> int:
+        probe = 1 << 24
+        torch.cuda._sleep(1000)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(probe)
+        b.record()
+        b.synchronize()
+        return int(probe * ms / a.elapsed_time(b))
+
+    def open(self) -> None:
+        if self.on and self.start is None:
+            torch.cuda._sleep(self.cycles)
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+
+    def close(self) -> None:
+        if self.start is None:
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.late += int(self.start.query())  # the GPU got here before the host did
+        self.pairs.append((self.start, end))
+        self.start = None
+
+    def take_ms(self) -> float:
+        self.close()
+        if self.on:
+            torch.cuda.synchronize()
+        total = sum(a.elapsed_time(b) for a, b in self.pairs)
+        self.pairs.clear()
+        return total
+
+    def extra(self) -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
+        def closing(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def wait(*args: Any) -> Any:
+                self.close()
+                return fn(*args)
+            return wait
+
+        def opening(fn: Callable[..., Any]) -> Callable[..., Any]:
+            def propose(*args: Any, **kwargs: Any) -> Any:
+                self.open()
+                return fn(*args, **kwargs)
+            return propose
+
+        return [(torch.cuda.Event, "synchronize", closing), (Drafter, "propose", opening)]
+
+
+def greedy_spec(seq_id: int, tokens: list[int]) -> control_pb2.SeqSpec:
+    spec = control_pb2.SeqSpec(seq_id=seq_id, tokens=tokens, prompt_len=len(tokens))
+    spec.sampling.top_p = 1.0
+    return spec
+
+
+class CellDriver:
+    """Sets a cell's sequences up, runs its steps (each returns the bytes it had to read), takes them down."""
+
+    def __init__(self, verifier: Verifier, drafter: Drafter | None, cell: Cell, first_id: int,
+                 prompts: list[list[int]]) -> None:
+        self.cell, self.verifier, self.drafter = cell, verifier, drafter
+        self.ids = list(range(first_id, first_id + cell.batch))
+        self.prompts = prompts
+        self.target_bytes = model_bytes(verifier.runner)
+        self.draft_bytes = model_bytes(drafter.runner) if drafter is not None else None
+        self.step_no = 0
+        self.executor: VerifierExecutor | None = None
+        if cell.mode != "draft":
+            colocated = ColocatedDrafter(drafter) if cell.mode == "fused" and drafter is not None else None
+            self.executor = VerifierExecutor(verifier, None, "", 0, colocated=colocated)  # type: ignore[arg-type]
+        if cell.mode == "verify":
+            vocab = verifier.vocab_size
+            drafts = torch.randint(3, vocab, (cell.batch, cell.k), device=verifier.runner.device)
+            self.executor._receive_drafts = (  # type: ignore[method-assign, union-attr]
+                lambda timing, here: DraftPayload(self.step_no, self.ids, drafts, None))
+
+    def plan(self, first: bool) -> control_pb2.StepPlan:
+        mode, ids = self.cell.mode, self.ids
+        plan = control_pb2.StepPlan(step=self.step_no, verify_batch=ids, k=self.cell.k,
+                                    with_drafts=mode in ("verify", "fused"), draft_here=mode == "fused",
+                                    draft_batch=ids if mode == "fused" else [])
+        if first:
+            plan.add.extend(greedy_spec(s, p) for s, p in zip(ids, self.prompts, strict=True))
+        return plan
+
+    def setup(self) -> None:
+        if self.executor is None:
+            assert self.drafter is not None
+            for seq_id, prompt in zip(self.ids, self.prompts, strict=True):
+                self.drafter.add(seq_id, prompt, SamplingParams(max_tokens=1 << 20, ignore_eos=True))
+            self.step()
+        else:
+            self._run_plan(first=True)
+
+    def _run_plan(self, first: bool = False) -> None:
+        assert self.executor is not None
+        plan = self.plan(first)
+        self.step_no += 1
+        self.executor.handle_plan(plan)
+
+    def step(self) -> int:
+        k, mode = self.cell.k, self.cell.mode
+        if mode == "draft":
+            assert self.drafter is not None and self.draft_bytes is not None
+            lengths = [self.drafter.seqs[s].length for s in self.ids]
+            proposal = self.drafter.propose(self.ids, k)
+            for seq_id, row in zip(self.ids, Readback(proposal.tokens).tolist(), strict=True):
+                self.drafter.commit(seq_id, [*row, row[-1]], k)
+            return draft_bytes(self.draft_bytes, lengths, k)
+        seqs = self.verifier.seqs
+        width = 1 if mode == "ar" else k + 1
+        total = self.target_bytes.forward(seqs[s].cached + width for s in self.ids)
+        self._run_plan()
+        if mode == "fused":
+            assert self.drafter is not None and self.draft_bytes is not None
+            total += draft_bytes(self.draft_bytes, [self.drafter.seqs[s].length for s in self.ids], k)
+        return total
+
+    def teardown(self) -> None:
+        if self.executor is not None:
+            self.executor.reset()
+        elif self.drafter is not None:
+            for seq_id in self.ids:
+                self.drafter.remove(seq_id)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_cell(driver: CellDriver, copy_GBps: float, rounds: int = 4, steps: int = 6, warm: int = 3,
+                 matmul_TFLOPs: float = 0.0) -> dict:
+    """Whole, phased and GPU-alone blocks of `steps` steps, `rounds` times; means per step (with the matmul
+    rate, the step's compute floor too)."""
+    device = driver.verifier.runner.device
+    clock, gpu = PhaseClock(), BlockedGpu(device)
+    hooks = phase_hooks()
+    driver.setup()
+    for _ in range(warm):
+        driver.step()
+    whole: list[float] = []
+    phased: list[float] = []
+    gpu_ms: list[float] = []
+    nbytes: list[int] = []
+    phases: dict[str, float] = defaultdict(float)
+    for r in range(rounds):
+        for kind in ("clean", "phased", "gpu") if r % 2 == 0 else ("gpu", "phased", "clean"):
+            _sync(device)
+            if kind == "clean":
+                start = time.perf_counter()
+                nbytes.extend(driver.step() for _ in range(steps))
+                _sync(device)
+                whole.append((time.perf_counter() - start) * 1000.0 / steps)
+            elif kind == "phased":
+                with Patches(clock, hooks):
+                    for _ in range(steps):
+                        start = time.perf_counter()
+                        with clock.phase(OTHER):
+                            driver.step()
+                        phased.append((time.perf_counter() - start) * 1000.0)
+                for name, ms in clock.take().items():
+                    phases[name] += ms / (rounds * steps)
+            else:
+                with Patches(clock, [], gpu.extra()):
+                    for _ in range(steps):
+                        gpu.open()
+                        nbytes.append(driver.step())
+                        gpu.close()
+                gpu_ms.append(gpu.take_ms() / steps)
+    driver.teardown()
+    cell = driver.cell
+    mean_bytes = sum(nbytes) / len(nbytes)
+    flops = step_flops(cell.mode, cell.batch, cell.k, driver.target_bytes, driver.draft_bytes)
+    return {"mode": cell.mode, "batch": cell.batch, "k": cell.k, "steps": rounds * steps,
+            "whole_ms": sum(whole) / len(whole), "whole_range": [min(whole), max(whole)],
+            "gpu_ms": sum(gpu_ms) / len(gpu_ms), "gpu_range": [min(gpu_ms), max(gpu_ms)],
+            "bytes": mean_bytes, "bound_ms": bound_ms(mean_bytes, copy_GBps), "flops": flops,
+            "compute_ms": compute_ms(flops, matmul_TFLOPs),
+            "phased_whole_ms": sum(phased) / len(phased), "phases": dict(phases), "late_segments": gpu.late}
