@@ -154,3 +154,18 @@ def test_fp8_scales_shard_with_their_weights(tmp_path: Path) -> None:
     assert q.flatten().tolist() == [4.0, 5.0, 6.0, 7.0]  # column-parallel: this rank's output rows
     assert o.flatten().tolist() == list(range(8))  # row-parallel, per output row: every rank needs all
     assert down.tolist() == [[2.0, 3.0], [6.0, 7.0]]  # row-parallel blocks: this rank's input columns
+
+
+def test_quantize_model_replaces_fused_weights_registered_as_parameters() -> None:
+    """On CUDA `fuse()` keeps o/down weights as the registered Parameters themselves; re-fusing as FP8 replaces them."""
+    from torch import nn
+
+    from minedraft.bench.fp8_quantizer import quantize_model
+
+    model = load_model(TINY_TARGET)
+    for layer in model.model.layers:
+        layer.self_attn.o_weight = nn.Parameter(layer.self_attn.o_proj.weight, requires_grad=False)
+        layer.mlp.down_weight = nn.Parameter(layer.mlp.down_proj.weight, requires_grad=False)
+    quantize_model(model, "block")
+    assert all(isinstance(w, Fp8Weight) for _, w in projection_weights(model))
+    assert "model.layers.0.self_attn.o_weight" not in dict(model.named_parameters())

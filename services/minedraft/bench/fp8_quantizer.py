@@ -25,6 +25,7 @@ from minedraft.engine.fp8_weights import E4M3, E4M3_MAX, PROJECTIONS, set_fp8
 from minedraft.engine.model import CausalLM
 
 WEIGHT_FLOOR = 1e-12  # amax floor, so an all-zero block or row gets a finite scale
+FUSED = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")  # what fuse() sets on each layer's modules
 
 
 def quantize_weight(weight: torch.Tensor, scheme: str = "block") -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,6 +65,10 @@ def quantize_model(model: CausalLM, scheme: str = "block") -> CausalLM:
     """Quantize a loaded (bf16/f32) model's projections to FP8 in place, on their device, and
     re-fuse them; returns the model, whose config now names the scheme."""
     cfg, _ = scheme_config(scheme)
+    for module in model.modules():  # a weight fuse() left as-is on CUDA is a registered Parameter: unregister it
+        for attr in FUSED:
+            if module._parameters.pop(attr, None) is not None:
+                setattr(module, attr, None)
     with torch.no_grad():
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in PROJECTIONS:
