@@ -6,6 +6,8 @@ throughout. Three real processes on loopback, gloo data plane."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,19 +31,26 @@ def wait_for(stack: LocalStack, state: str, timeout_s: float = 60.0) -> dict:
     raise AssertionError(f"draft state never became {state}: {health(stack)['draft_state']}")
 
 
-@pytest.fixture()
-def stand_in(random_pair: tuple[Path, Path], tmp_path: Path):
-    target, _ = random_pair  # the target drafts for itself: every draft should pass, so drafts really are judged
-    cfg = StackConfig(target=str(target), draft=str(target), grpc_port=free_port(), http_port=free_port(),
-                      mode="psd", k=2, num_blocks=512, log_dir=tmp_path,
-                      process_env={"verifier": {"MINEDRAFT_COLOCATED_DRAFT": str(target)},
-                                   "batch-manager": {"MINEDRAFT_DRAFT_STAND_IN": "1"}})
-    stack = LocalStack(cfg)
+@contextmanager
+def stand_in_stack(target: Path, draft: Path, log_dir: Path, **cfg: object) -> Iterator[LocalStack]:
+    """PSD with a draft service, the verifier holding the same draft beside the target to stand in for it."""
+    config = StackConfig(target=str(target), draft=str(draft), grpc_port=free_port(), http_port=free_port(),
+                         mode="psd", k=2, num_blocks=512, log_dir=log_dir,
+                         process_env={"verifier": {"MINEDRAFT_COLOCATED_DRAFT": str(draft)},
+                                      "batch-manager": {"MINEDRAFT_DRAFT_STAND_IN": "1"}}, **cfg)  # type: ignore[arg-type]
+    stack = LocalStack(config)
     stack.start(timeout=120)
     try:
         yield stack
     finally:
         stack.stop()
+
+
+@pytest.fixture()
+def stand_in(random_pair: tuple[Path, Path], tmp_path: Path):
+    target, _ = random_pair  # the target drafts for itself: every draft should pass, so drafts really are judged
+    with stand_in_stack(target, target, tmp_path) as stack:
+        yield stack
 
 
 def test_the_verifier_drafts_while_the_draft_service_is_lost(stand_in: LocalStack, random_pair) -> None:

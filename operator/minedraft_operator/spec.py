@@ -108,6 +108,11 @@ class DeploymentSpec:
         return bool(routing["inferencePool"]["enabled"] if chosen is None else chosen)
 
     @property
+    def draft_kind(self) -> str:
+        """draft.kind: a draft model ("model") or an EAGLE head ("eagle") that reads the target's hidden states."""
+        return str(self.raw["draft"].get("kind", "model"))
+
+    @property
     def draft_stand_in(self) -> bool:
         """draft.standIn: verifier rank 0 loads the draft model too and drafts while the draft service is lost."""
         return bool(self.raw["draft"].get("standIn", False))

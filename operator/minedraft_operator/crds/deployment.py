@@ -58,6 +58,11 @@ def _draft() -> Schema:
     return obj(
         "The draft model, served by one draft process on its own GPU.",
         {"model": model_source("draft"), "dtype": dtype("draft"), **worker_tuning("draft"),
+         "kind": string("model: draft.model is a draft model. eagle: it is an EAGLE head (SafeAILab's or the "
+                        "speculators layout, EAGLE-1/2 or EAGLE-3) for the target, which reads the target's hidden "
+                        "states: the verifier captures them and sends them with each verdict, and the draft "
+                        "process also mounts the target to copy its embedding and lm_head.",
+                        enum=["model", "eagle"], default="model"),
          "resources": resources("the draft container"),
          "standIn": boolean("The verifier (rank 0) also loads the draft model on its GPU and drafts itself (fused "
                             "SD) while the draft service is lost, instead of decoding without drafts; it needs GPU "

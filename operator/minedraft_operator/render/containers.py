@@ -103,9 +103,13 @@ def verifier_containers(spec: DeploymentSpec) -> list[dict[str, Any]]:
         stand_in = rank == 0 and spec.draft_stand_in  # drafts while the draft service is lost
         if stand_in:
             env["MINEDRAFT_COLOCATED_DRAFT"] = spec.draft.model.folder(spec.images["bundledModelsDir"])
+        eagle = rank == 0 and spec.draft_kind == "eagle"  # rank 0 captures the hidden states the head reads
+        if eagle:
+            env.update({"MINEDRAFT_DRAFT_KIND": "eagle",
+                        "MINEDRAFT_DRAFT_HEAD": spec.draft.model.folder(spec.images["bundledModelsDir"])})
         c["env"] = env_list(env)
         c["resources"] = _resources(spec.target.resources, slot)
-        c["volumeMounts"] = _mounts(spec, [spec.target, spec.draft] if stand_in else [spec.target], shm=True)
+        c["volumeMounts"] = _mounts(spec, [spec.target, spec.draft] if stand_in or eagle else [spec.target], shm=True)
         if rank == 0:  # only rank 0 serves the control plane; the others follow it over the TP group
             health = health_port(spec, ports["verifier"])
             c["ports"] = [{"name": "verifier-ctl", "containerPort": ports["verifier"], "protocol": "TCP"},
@@ -120,6 +124,10 @@ def draft_container(spec: DeploymentSpec) -> dict[str, Any]:
     port = spec.ports["draft"]
     c = _base(spec, DRAFT, spec.images["worker"], "draft")
     env = _worker_env(spec, spec.draft, slot, port)
+    eagle = spec.draft_kind == "eagle"  # the head shares the target's embedding and lm_head by copy
+    if eagle:
+        env.update({"MINEDRAFT_DRAFT_KIND": "eagle",
+                    "MINEDRAFT_TARGET_MODEL": spec.target.model.folder(spec.images["bundledModelsDir"])})
     if spec.ready_without_draft:  # the process restarts the draft service itself: see worker/supervisor.py
         env.update({"MINEDRAFT_SUPERVISE": "1", "MINEDRAFT_STARTUP_S": str(spec.raw["startupSeconds"])})
     c["env"] = env_list(env)
@@ -127,7 +135,7 @@ def draft_container(spec: DeploymentSpec) -> dict[str, Any]:
     c["ports"] = [{"name": "draft-ctl", "containerPort": port, "protocol": "TCP"},
                   {"name": "draft-health", "containerPort": health, "protocol": "TCP"}]
     c["resources"] = _resources(spec.draft.resources, slot)
-    c["volumeMounts"] = _mounts(spec, [spec.draft], shm=True)
+    c["volumeMounts"] = _mounts(spec, [spec.draft, spec.target] if eagle else [spec.draft], shm=True)
     c.update(_grpc_probes(health, spec.raw["startupSeconds"]))
     if spec.ready_without_draft:
         # The startup probe still waits for the first load; after it, a failed liveness probe would restart the

@@ -149,14 +149,19 @@ class LocalStack:
                 "verifier", "--model", c.target, "--host", "127.0.0.1", "--port", str(self.target_port),
                 "--device", device, "--threads", str(c.threads), "--num-blocks", str(c.num_blocks),
                 "--cpu", c.target_cpu, "--dtype", c.dtype, "--tp-size", str(c.tp_size), "--tp-rank", str(rank),
-                "--tp-addr", tp_addr, "--draft-kind", c.draft_kind, "--draft-head", c.draft], c.worker_module)
+                "--tp-addr", tp_addr, *self._eagle("--draft-head", c.draft)], c.worker_module)
 
     def start_draft(self) -> None:
         c = self.cfg
         self._spawn("draft", ["draft", "--model", c.draft, "--host", "127.0.0.1", "--port", str(self.draft_port),
                               "--device", c.draft_device, "--threads", str(c.threads),
                               "--num-blocks", str(c.num_blocks), "--cpu", c.draft_cpu, "--dtype", c.dtype,
-                              "--draft-kind", c.draft_kind, "--target-model", c.target], c.worker_module)
+                              *self._eagle("--target-model", c.target)], c.worker_module)
+
+    def _eagle(self, flag: str, folder: str) -> list[str]:
+        """With an EAGLE head, what each worker needs to know of the other's model; nothing otherwise (so a
+        process_env MINEDRAFT_DRAFT_KIND is not overridden)."""
+        return ["--draft-kind", "eagle", flag, folder] if self.cfg.draft_kind == "eagle" else []
 
     def manager_command(self) -> tuple[list[str], dict[str, str]]:
         """The batch manager's arguments and the environment it gets beyond ours: an API key travels in the
