@@ -13,7 +13,7 @@ import pytest
 from minedraft.bench import flags
 from minedraft.bench.gpu import report, step_profile
 from minedraft.bench.gpu.phase_clock import OTHER, Hook, Patches, PhaseClock
-from minedraft.bench.gpu.step_profile import NeedsFP8, StepConfig
+from minedraft.bench.gpu.step_profile import StepConfig
 from minedraft.bench.gpu.step_report import (
     ModelBytes,
     bound_ms,
@@ -148,17 +148,13 @@ def test_the_sweeps_flags_make_the_cells() -> None:
         StepConfig.from_args(sweep_args(["--weights", "int4"]))
 
 
-def test_every_cell_kind_runs_on_the_cpu_and_fp8_without_support_is_reported(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(step_profile, "FP8_MODULE", "minedraft.bench.no_such_fp8_module")
-    with pytest.raises(NeedsFP8, match="needs FP8 support"):
-        step_profile.fp8_quantizer()
+def test_every_cell_kind_runs_on_the_cpu_in_both_weight_formats(tmp_path: Path) -> None:
     cfg = StepConfig(shape="tiny", draft_layers=2, batches=(2,), ks=(2,), weights=("bf16", "fp8"), context=20,
                      rounds=2, steps=1, num_blocks=128, device="cpu", copy_GBps=10.0)
     results = step_profile.profile(cfg)
     assert [(r["mode"], r["weights"]) for r in results["rows"]] == [
-        ("ar", "bf16"), ("verify", "bf16"), ("fused", "bf16"), ("draft", "bf16")]
-    assert results["errors"] and "needs FP8 support" in results["errors"][0]
+        (mode, weights) for weights in ("bf16", "fp8") for mode in ("ar", "verify", "fused", "draft")]
+    assert results["errors"] == []
     for r in results["rows"]:
         assert r["steps"] == 2 and r["gpu_ms"] == 0.0 and r["bound_ms"] > 0
         assert sum(r["phases"].values()) == pytest.approx(r["phased_whole_ms"], rel=0.05)

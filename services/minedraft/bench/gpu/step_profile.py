@@ -12,7 +12,6 @@ FP8 quantizer exists. `minedraft bench gpu --step-table` runs the same cells ins
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import random
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 from minedraft.bench.flags import add_step_table_flags
+from minedraft.bench.fp8_quantizer import quantize_model
 from minedraft.bench.gpu.step_cells import Cell, CellDriver, measure_cell
 from minedraft.bench.gpu.step_report import MODES, report_lines
 from minedraft.bench.gpu.timing import ceilings, log
@@ -33,11 +33,6 @@ from minedraft.engine.runner import ModelRunner
 from minedraft.engine.verifier import Verifier
 
 WEIGHTS = {"bf16": "", "fp8": "block", "fp8-channel": "channel"}  # weight format -> the quantizer's scheme
-FP8_MODULE = "minedraft.bench.fp8_quantizer"
-
-
-class NeedsFP8(RuntimeError):
-    """FP8 weights were asked for, and this tree has no FP8 quantizer yet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,27 +72,11 @@ class StepConfig:
         return out
 
 
-def fp8_quantizer() -> Callable[..., object]:
-    """The FP8 helper's in-memory quantizer (`quantize_model(model, scheme=...)`), or NeedsFP8."""
-    try:
-        module = importlib.import_module(FP8_MODULE)
-    except ImportError:
-        module = None
-    quantize = getattr(module, "quantize_model", None)
-    if quantize is None:
-        raise NeedsFP8(f"--weights fp8 needs FP8 support: {FP8_MODULE}.quantize_model is not in this tree yet")
-    return quantize
-
-
 def load(cfg: StepConfig, role: str, weights: str) -> torch.nn.Module:
-    """The synthetic pair member in bf16, or quantized in memory by the FP8 helper's quantizer."""
+    """The synthetic pair member in bf16, or quantized in memory to FP8 (`bench/fp8_quantizer.py`)."""
     model = build_synthetic(SyntheticSpec(cfg.shape, role, cfg.alpha, cfg.draft_layers), cfg.device, torch.bfloat16)
     if WEIGHTS[weights]:
-        quantize = fp8_quantizer()
-        try:
-            model = quantize(model, scheme=WEIGHTS[weights]) or model
-        except Exception as exc:  # the quantizer exists but cannot take this model yet
-            raise NeedsFP8(f"--weights {weights} needs FP8 support for the synthetic pair: {exc!r}") from exc
+        model = quantize_model(model, scheme=WEIGHTS[weights])
     return model
 
 
@@ -117,8 +96,8 @@ def capture(runner: ModelRunner, batches: Iterable[int], widths: Iterable[int], 
 
 
 def profile(cfg: StepConfig, saved: Callable[[dict], None] | None = None) -> dict:
-    """Every cell at every weight format; errors (an FP8 tree that lacks support) are recorded, not raised.
-    `saved` gets the results so far after each cell."""
+    """Every cell at every weight format (FP8: the bf16 synthetic pair quantized in memory). `saved` gets the
+    results so far after each cell."""
     device = torch.device(cfg.device)
     measured = ceilings() if not cfg.copy_GBps else {"copy_GBps": cfg.copy_GBps, "bf16_TFLOPs": cfg.matmul_TFLOPs}
     copy, rate = measured["copy_GBps"], measured["bf16_TFLOPs"]
@@ -128,15 +107,8 @@ def profile(cfg: StepConfig, saved: Callable[[dict], None] | None = None) -> dic
     needs_draft = any(c.mode in ("draft", "fused") for c in cells)
     top_k = max([*cfg.ks, 1])
     for weights in cfg.weights:
-        try:
-            target = load(cfg, "target", weights)
-            draft = load(cfg, "draft", weights) if needs_draft else None
-        except NeedsFP8 as exc:
-            results["errors"].append(str(exc))
-            log(str(exc))
-            if saved is not None:
-                saved(results)
-            continue
+        target = load(cfg, "target", weights)
+        draft = load(cfg, "draft", weights) if needs_draft else None
         verifier = Verifier(ModelRunner(target, cfg.num_blocks, 16, device))
         drafter = Drafter(ModelRunner(draft, cfg.num_blocks, 16, device)) if draft is not None else None
         captured = capture(verifier.runner, cfg.batches, sorted({1, *(k + 1 for k in cfg.ks)}), scoring=True)
@@ -185,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     results = profile(StepConfig.from_args(args), lambda so_far: write(so_far, out))
     path = write(results, out)
     print(path.read_text())
-    return 1 if results["errors"] and not results["rows"] else 0
+    return 0 if results["rows"] else 1
 
 
 if __name__ == "__main__":
