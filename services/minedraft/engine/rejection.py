@@ -4,6 +4,10 @@ Draft token x_i ~ q_i is kept when u_i * q_i(x_i) <= p_i(x_i); at the first reje
 replacement is drawn from norm(max(0, p_i - q_i)); when all k survive, a bonus token is
 drawn from p_{k+1}. Greedy rows keep drafts while they equal argmax p and then emit the
 argmax. No Python loop runs over tokens or over the batch.
+
+Ragged rows (TETRIS, engine/tetris.py) verify only their first `lengths[b]` drafts: slots at and past
+the length are never accepted, so the bonus token sits at the first rejection or at the length, and
+the residual there has q zero (it is plain p), as at slot k of a full row.
 """
 
 from __future__ import annotations
@@ -36,17 +40,21 @@ def verify_drafts(
     target_logits: torch.Tensor,
     sampling: BatchSampling,
     positions: torch.Tensor,
+    lengths: torch.Tensor | None = None,
 ) -> Verdict:
     """Judge drafts [B, k] against target distributions [B, k+1, V].
 
     positions [B, k+1] are the sequence positions the k+1 output slots would occupy; they
     key the per-request random draws. draft_probs [B, k, V] may be None when every row
-    is greedy.
+    is greedy. lengths [B] (None: every row k) bound how many drafts each row has verified; target
+    slot lengths[b] must hold the distribution after those drafts (left-aligned rows).
     """
     batch, k = draft_tokens.shape
     target_argmax = target_logits.argmax(dim=-1)  # [B, k+1]
     accept = draft_tokens == target_argmax[:, :k]
     slot = torch.arange(k + 1, device=draft_tokens.device).unsqueeze(0)
+    if lengths is not None:
+        accept &= slot[:, :k] < lengths.unsqueeze(1)
     if sampling.all_greedy:
         # Every kept draft equals the target's argmax at its slot, and the token after them is the
         # argmax too: the verdict is the argmax row cut after the first disagreement.
@@ -55,11 +63,13 @@ def verify_drafts(
         return Verdict(tokens=tokens, counts=n_acc + 1, accepted=n_acc)
     greedy = sampling.greedy
     if draft_probs is not None:
-        idx = draft_tokens.unsqueeze(-1)
+        idx = draft_tokens.clamp(min=0).unsqueeze(-1)  # pruned slots (-1) are never accepted
         p_x = target_probs[:, :k].gather(-1, idx).squeeze(-1).double()
         q_x = draft_probs.gather(-1, idx).squeeze(-1).double()
         coin = uniforms(sampling.seed, positions[:, :k], STREAM_ACCEPT)
         accept = torch.where(greedy.view(-1, 1), accept, coin * q_x <= p_x)
+        if lengths is not None:
+            accept &= slot[:, :k] < lengths.unsqueeze(1)
     n_acc = _first_rejection(accept)  # [B]
 
     rows = torch.arange(batch, device=draft_tokens.device)
@@ -69,7 +79,8 @@ def verify_drafts(
         residual = p_last
     else:
         q_last = draft_probs[rows, n_acc.clamp(max=k - 1)]
-        q_last = torch.where((n_acc < k).unsqueeze(1), q_last, 0.0)  # zero at the bonus slot: residual == p
+        last = k if lengths is None else lengths
+        q_last = torch.where((n_acc < last).unsqueeze(1), q_last, 0.0)  # zero at the bonus slot: residual == p
         residual = (p_last - q_last).clamp(min=0)
         mass = residual.sum(dim=-1, keepdim=True)
         residual = torch.where(mass > 0, residual, p_last)

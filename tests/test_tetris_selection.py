@@ -1,0 +1,57 @@
+"""TETRIS selection (engine/tetris.py): prefix-closed, within the budget, the best slots, deterministic ties."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from minedraft.engine.tetris import draft_lengths, prune, select_lengths, slot_scores
+
+
+def random_scores(batch: int, width: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    chosen = torch.rand(batch, width, generator=gen).clamp(min=1e-3).log()
+    top = chosen + torch.rand(batch, width, generator=gen) * 0.5  # the top q is at least the chosen one's
+    return slot_scores(chosen, top.clamp(max=0.0))
+
+
+def test_scores_never_rise_with_depth() -> None:
+    scores = random_scores(64, 6, 0)
+    assert bool((scores[:, 1:] <= scores[:, :-1] + 1e-12).all())
+
+
+def test_selection_is_prefix_closed_within_budget_and_keeps_the_best() -> None:
+    for seed, (batch, width) in enumerate(itertools.product((1, 3, 16, 64), (1, 4, 9))):
+        scores = random_scores(batch, width, seed)
+        for budget in (0, 1, batch, batch * width // 2, batch * width - 1, batch * width, batch * width + 5):
+            lengths = select_lengths(scores, budget)
+            assert int(lengths.sum()) == min(budget, batch * width)
+            assert bool(((lengths >= 0) & (lengths <= width)).all())
+            kept = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)  # a prefix of every row by construction
+            if kept.all() or not kept.any():
+                continue
+            # No dropped slot scores above a kept one: the kept set is the top of the batch.
+            assert float(scores[~kept].max()) <= float(scores[kept].min())
+
+
+def test_easy_rows_are_verified_deeper() -> None:
+    easy = torch.log(torch.tensor([[0.95, 0.95, 0.95, 0.95]]))
+    hard = torch.log(torch.tensor([[0.4, 0.3, 0.3, 0.3]]))
+    scores = slot_scores(torch.cat((easy, hard)), torch.cat((easy, hard)))
+    assert select_lengths(scores, 4).tolist() == [4, 0]
+    assert select_lengths(scores, 5).tolist() == [4, 1]
+
+
+def test_ties_go_to_the_shallower_slot_then_the_lower_row() -> None:
+    scores = torch.zeros(3, 4)  # greedy drafts the draft is sure of: every slot scores 0
+    assert select_lengths(scores, 5).tolist() == [2, 2, 1]
+    assert select_lengths(scores, 5).tolist() == select_lengths(scores.clone(), 5).tolist()
+
+
+def test_prune_marks_unverified_slots_and_lengths_read_them_back() -> None:
+    tokens = torch.tensor([[5, 6, 7], [8, 9, 10], [1, 2, 3]])
+    lengths = torch.tensor([3, 0, 2])
+    pruned = prune(tokens, lengths)
+    assert pruned.tolist() == [[5, 6, 7], [-1, -1, -1], [1, 2, -1]]
+    assert draft_lengths(pruned).tolist() == [3, 0, 2]
