@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minedraft.engine.staging import StagingRing
+
 log = logging.getLogger(__name__)
 
 # What a graph captures: (ids, starts, query_lens, tables, last_n) -> logits, device tensors only.
@@ -37,6 +39,8 @@ class CapturedStep:
     ids: torch.Tensor
     meta: torch.Tensor  # [starts (bucket) | query_lens (bucket) | tables (bucket x max_blocks)], int64
     logits: torch.Tensor
+    table_revision: int | None = None  # the block tables' revision the meta buffer holds (None: unknown)
+    batch: int = 0  # the batch of the last replay (rows past it have zero-length queries)
 
 
 def split_meta(meta: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -60,6 +64,7 @@ class GraphCache:
         self.capture_ms = 0.0  # host time spent capturing, in total
         self.closed = False  # capture_ahead ran: only its shapes replay, nothing is captured while serving
         self.eager: set[tuple[int, int, int]] = set()  # shapes outside the closed set met so far
+        self.staging = StagingRing(device)  # pinned buffers the host metadata travels through
 
     def capture_ahead(self, keys: Iterable[tuple[int, int, int]]) -> int:
         """Capture these (bucket, width, last_n) now and close the set; returns how many were new."""
@@ -87,31 +92,45 @@ class GraphCache:
 
     def replay(
         self, ids: torch.Tensor, starts: list[int] | torch.Tensor, query_lens: list[int] | torch.Tensor,
-        tables: torch.Tensor, last_n: int,
+        tables: torch.Tensor, last_n: int, table_revision: int | None = None,
     ) -> torch.Tensor:
         """ids: device tensor [B, Q]; the [B, w] block tables come from the host; starts and query_lens from
         the host too, or as device tensors when only the device knows them yet (a verdict in flight).
 
-        The host metadata travels in one pinned, asynchronous copy into the graph's packed buffer (device
-        starts and lengths are then copied over it, device to device); rows past the batch get zero-length
-        queries (they read and write nothing, so their stale table rows are never looked at).
+        Host metadata travels through a reused pinned buffer (engine/staging.py) in asynchronous copies; the
+        tables only when `table_revision` (engine/block_tables.py) differs from the one this graph's buffer
+        already holds, so the draft's follow-up forwards send none. Device starts and lengths are copied
+        device to device. Rows past the batch get zero-length queries (they read and write nothing, so their
+        stale table rows, like the columns past a row's width, are never looked at).
         """
         batch, width = ids.shape
         bucket = self.bucket(batch)
         assert bucket is not None
         key = (bucket, width, last_n)
         step = self.steps.get(key) or self._capture(key)
+        starts_dev, lens_dev, tables_dev = split_meta(step.meta, bucket)
         on_device = isinstance(starts, torch.Tensor)
-        # Rows past the batch read no table entries, so only the tables of real rows travel.
-        host = torch.zeros(2 * bucket + batch * self.max_blocks_per_seq, dtype=torch.long, pin_memory=True)
-        if not on_device:
-            host[:batch] = torch.tensor(starts, dtype=torch.long)
-            host[bucket : bucket + batch] = torch.tensor(query_lens, dtype=torch.long)
-        host[2 * bucket :].view(batch, -1)[:, : tables.shape[1]] = tables
-        step.meta[: host.shape[0]].copy_(host, non_blocking=True)
+        send_table = table_revision is None or table_revision != step.table_revision
+        if not on_device or send_table:
+            w = tables.shape[1]
+            heads = 0 if on_device else 2 * bucket
+            buf, view = self.staging.take(heads + batch * w)
+            if not on_device:
+                view[: 2 * bucket] = 0
+                view[:batch] = starts
+                view[bucket : bucket + batch] = query_lens
+                step.meta[: 2 * bucket].copy_(buf[: 2 * bucket], non_blocking=True)
+            if send_table:
+                view[heads : heads + batch * w] = tables.numpy().reshape(-1)
+                tables_dev[:batch, :w].copy_(buf[heads : heads + batch * w].view(batch, w), non_blocking=True)
+                step.table_revision = table_revision
+            self.staging.sent()
         if on_device:
-            step.meta[:batch].copy_(starts)
-            step.meta[bucket : bucket + batch].copy_(query_lens)
+            if step.batch != batch:  # rows past this batch must have zero-length queries
+                step.meta[: 2 * bucket].zero_()
+            starts_dev[:batch].copy_(starts)
+            lens_dev[:batch].copy_(query_lens)
+        step.batch = batch
         step.ids[:batch].copy_(ids)
         step.graph.replay()
         return step.logits[:batch].clone()

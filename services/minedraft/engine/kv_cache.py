@@ -41,6 +41,10 @@ class BlockAllocator:
         self._key: list[bytes | None] = [None] * num_blocks  # the content key a published block is cached under
         self._cached: dict[bytes, int] = {}  # content key -> block
         self.evictions = 0  # cached blocks handed out for other content
+        # Table versions, so a block-table tensor can be kept between forwards (engine/block_tables.py): `version`
+        # counts table changes; `_changed[seq]` is the version of that sequence's last change (none: changed).
+        self.version = 0
+        self._changed: dict[int, int] = {}
 
     @property
     def num_free(self) -> int:
@@ -58,6 +62,14 @@ class BlockAllocator:
     def table(self, seq_id: int) -> list[int]:
         return self._tables.get(seq_id, [])
 
+    def changed_since(self, seq_id: int, version: int) -> bool:
+        """Whether the sequence's table may differ from what it was at `version` (unknown sequences may)."""
+        return self._changed.get(seq_id, version + 1) > version
+
+    def _touch(self, seq_id: int) -> None:
+        self.version += 1
+        self._changed[seq_id] = self.version
+
     def refs(self, block: int) -> int:
         """How many sequences hold `block` (0: free)."""
         return self._refs[block]
@@ -72,6 +84,9 @@ class BlockAllocator:
             raise OutOfBlocksError(
                 f"sequence {seq_id} needs {need} more KV blocks, only {len(self._free)} free"
             )
+        if need == 0 and seq_id in self._tables:
+            return
+        self._touch(seq_id)
         table = self._tables.setdefault(seq_id, [])
         for _ in range(need):
             block, _ = self._free.popitem(last=False)
@@ -102,6 +117,7 @@ class BlockAllocator:
                 del self._free[block]
             self._refs[block] += 1
         self._tables[seq_id] = list(blocks)
+        self._touch(seq_id)
 
     def publish(self, seq_id: int, keys: list[bytes], start: int) -> None:
         """Cache the sequence's blocks start..len(keys)-1 under `keys` (their tokens are verified). A block
@@ -127,6 +143,7 @@ class BlockAllocator:
         for block in shared:
             self._refs[block] += 1
         self._tables[child] = list(shared)
+        self._touch(child)
         return count * self.block_size
 
     def _release(self, block: int) -> None:
@@ -142,10 +159,14 @@ class BlockAllocator:
         if table is None:
             return
         keep = self.blocks_for(num_tokens)
+        if len(table) > keep:
+            self._touch(seq_id)
         while len(table) > keep:
             self._release(table.pop())
 
     def free(self, seq_id: int) -> None:
+        self.version += 1
+        self._changed.pop(seq_id, None)  # unknown from now on: changed for every version
         for block in reversed(self._tables.pop(seq_id, [])):
             self._release(block)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from minedraft.engine.attention import build_metadata
+from minedraft.engine.block_tables import BlockTables
 from minedraft.engine.cuda_graphs import BATCH_BUCKETS, MAX_GRAPH_WIDTH, GraphCache
 from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.kv_cache import BlockAllocator, KVCache
@@ -51,6 +52,8 @@ class ModelRunner:
         self.cache = KVCache(model.config, num_blocks, block_size, self.device, dtype)
         self.backend = attention_backend(self.device)
         self.max_blocks_per_seq = -(-(self.config.max_position_embeddings + 64) // block_size)
+        self.tables = BlockTables(self.cache.allocator, TABLE_MULTIPLE if self.backend == "triton" else 1,
+                                  self.max_blocks_per_seq)  # kept between forwards, updated row by row
         use_graphs = cuda_graphs and self.backend == "triton"
         self.graphs = GraphCache(self.run, self.device, self.max_blocks_per_seq) if use_graphs else None
 
@@ -106,15 +109,16 @@ class ModelRunner:
         blocks exist before the step is queued."""
         for seq_id, limit in zip(seq_ids, reserve, strict=True):
             self.cache.allocator.ensure(seq_id, limit)
-        tables = self.cache.block_table_tensor(seq_ids, "cpu", TABLE_MULTIPLE if self.backend == "triton" else 1,
-                                               self.max_blocks_per_seq)
-        if self.graphs is not None and self.graphs.can_replay(len(seq_ids), ids.shape[1], last_n, tables.shape[1]):
-            return self.graphs.replay(ids, starts, query_lens, tables, last_n)
+        kept = self.tables.get(seq_ids)
+        if self.graphs is not None and self.graphs.can_replay(len(seq_ids), ids.shape[1], last_n, kept.host.shape[1]):
+            return self.graphs.replay(ids, starts, query_lens, kept.host, last_n, kept.revision)
         if not isinstance(starts, torch.Tensor):
             starts = self.to_device(torch.tensor(starts, dtype=torch.long))
             query_lens = self.to_device(torch.tensor(query_lens, dtype=torch.long))
         assert isinstance(query_lens, torch.Tensor)
-        return self.run(ids, starts, query_lens, self.to_device(tables), last_n)
+        if kept.device is None:  # one upload per revision of the table: the draft's k forwards share one
+            kept.device = self.to_device(kept.host)
+        return self.run(ids, starts, query_lens, kept.device, last_n)
 
     @torch.inference_mode()
     def run(

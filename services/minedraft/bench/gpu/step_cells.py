@@ -30,6 +30,7 @@ from minedraft.bench.gpu.step_report import ModelBytes, bound_ms, compute_ms, dr
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine import drafter as drafter_module
 from minedraft.engine import verifier as verifier_module
+from minedraft.engine.block_tables import BlockTables
 from minedraft.engine.cuda_graphs import GraphCache
 from minedraft.engine.drafter import Drafter
 from minedraft.engine.kv_cache import BlockAllocator, KVCache
@@ -66,6 +67,7 @@ def phase_hooks() -> list[Hook]:
         Hook(ex, "apply_membership", "plan decode"), Hook(ex, "verify_ids", "plan decode"),
         Hook(ex, "align_drafts", "plan decode"), Hook(ColocatedDrafter, "apply_membership", "plan decode"),
         Hook(KVCache, "block_table_tensor", "block tables"), Hook(BlockAllocator, "ensure", "block tables"),
+        Hook(BlockTables, "get", "block tables"),
         Hook(SequenceHost, "sampling", "sampling tensors"),
         Hook(ModelRunner, "to_device", "input copies"), Hook(ModelRunner, "forward", "input copies"),
         Hook(GraphCache, "replay", "input copies"),
