@@ -1,0 +1,101 @@
+"""The FP8 tile sweep's search space and its rules, as plain functions (the tuner times them on the GPU;
+the CPU tests check the rules).
+
+Per (scheme, N, K) the sweep picks one chunk count (it fixes a row's summation order, so it cannot
+depend on M) and, per M bucket, the fastest of a few tiles and K-splits (these only move work).
+The space is kept small on purpose: each distinct kernel (scheme, tile, warps, stages, split or
+not, activations quantized in the GEMM or before) is compiled once, about a second each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minedraft.engine.cuda.fp8_tiles import Tile, num_blocks
+
+M_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 448, 2048)  # each bucket is timed at its largest M
+CHECK_MS = (1, 2, 3, 5, 8, 13, 16, 17, 31, 32, 33, 63, 64, 65, 100, 128, 129, 200, 256, 257, 300, 448, 449,
+            1000, 2048)  # rows compared bit for bit against M = 2048
+SMALL = ((64, 4, 3), (64, 4, 4), (64, 4, 6), (128, 4, 3), (128, 4, 4))  # (block_n, warps, stages) at 16 tokens
+# 128 x 64 tiles and larger need 8 warps: with 4, ptxas spills (the sm_90 compile check, docs/fp8.md)
+MID = {32: ((64, 4, 3), (64, 4, 4), (128, 4, 3)), 64: ((64, 4, 3), (64, 4, 4), (128, 8, 3))}
+LARGE = ((128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64, 4, 4))  # (block_n, block_t, warps, stages)
+PREFILL = ((128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 4))
+
+
+def shapes_8b() -> dict[str, tuple[int, int]]:
+    """(N, K) of each projection GEMM of the Llama-3-8B shape (q/k/v and gate/up fused)."""
+    from minedraft.bench.synthetic_pair import SHAPES
+
+    cfg = SHAPES["llama3-8b"]
+    qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    return {"qkv": (qkv, cfg.hidden_size), "o": (cfg.hidden_size, cfg.num_heads * cfg.head_dim),
+            "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size), "down": (cfg.hidden_size, cfg.intermediate_size)}
+
+
+def tiles_for(scheme: str, m: int) -> list[Tile]:
+    """The candidate tiles (split 1) for a bucket timed at M tokens."""
+    if m <= 16:
+        return [Tile(bn, 16, w, s) for bn, w, s in SMALL]
+    if m <= 64:
+        bt = 32 if m <= 32 else 64
+        return [Tile(bn, bt, w, s) for bn, w, s in MID[bt]]
+    space = LARGE if m <= 448 else PREFILL
+    prequant = (False, True) if scheme == "block" else (False,)  # channel activations are always quantized first
+    return [Tile(bn, bt, w, s, 1, p) for p in prequant for bn, bt, w, s in space]
+
+
+def chunk_choices(n: int, k: int, multiprocessors: int, most: int = 3) -> list[int]:
+    """Chunk counts worth timing: divisors of K's block count that give a batch of one between one and
+    eight programs per multiprocessor (64-row tiles), nearest to three first; 1 when the tiles alone
+    already fill the GPU."""
+    blocks, tiles = num_blocks(k), -(-n // 64)
+    fits = [d for d in range(1, blocks + 1) if blocks % d == 0 and multiprocessors <= tiles * d <= 8 * multiprocessors]
+    if tiles >= multiprocessors:
+        fits = [1, *fits]
+    if not fits:
+        fits = [next((d for d in range(1, blocks + 1) if blocks % d == 0 and tiles * d >= multiprocessors), blocks)]
+    fits = sorted(set(fits), key=lambda d: abs(tiles * d / multiprocessors - 3))
+    return sorted(fits[:most])
+
+
+def splits_for(chunks: int, tile: Tile, n: int, m: int, multiprocessors: int) -> list[int]:
+    """K-splits worth timing for a tile: always 1 (one program loops over the chunks); while the tiles leave
+    multiprocessors idle, also every chunk in its own program and half of that."""
+    tiles = -(-n // tile.block_n) * -(-m // tile.block_t)
+    out = {1}
+    if chunks > 1 and tiles < 2 * multiprocessors:
+        out.add(chunks)
+        if chunks % 2 == 0 and chunks > 2:
+            out.add(chunks // 2)
+    return sorted(out)
+
+
+def with_split(tile: Tile, split: int) -> Tile:
+    return Tile(tile.block_n, tile.block_t, tile.warps, tile.stages, split, tile.prequant)
+
+
+def kernel_keys(scheme: str, chunks: int, tile: Tile) -> tuple[tuple, ...]:
+    """What makes Triton compile another kernel: the GEMM's variant, and with a split the reduction's
+    chunk count."""
+    split = tile.split > 1
+    gemm = (scheme, tile.block_n, tile.block_t, tile.warps, tile.stages, split, tile.prequant and scheme == "block")
+    return (gemm, ("sum", chunks)) if split else (gemm,)
+
+
+@dataclass(slots=True)
+class Cell:
+    """One timed configuration."""
+
+    scheme: str
+    gemm: str
+    m: int
+    chunks: int
+    tile: Tile
+    us: float | None = None  # GPU microseconds per GEMM; None: not timed (failed or out of time)
+    error: str = ""
+
+
+def best(cells: list[Cell]) -> Cell | None:
+    timed = [c for c in cells if c.us is not None]
+    return min(timed, key=lambda c: c.us or 0.0) if timed else None

@@ -1,0 +1,134 @@
+"""The FP8 tile table (`engine/cuda/fp8_tiles.py`) and the tuner's search space (`bench/gpu/fp8_space.py`):
+loading, validation, selection per M, and the rule SD == AR rests on: a shape's chunk count (its rows'
+summation order) is the same at every M, whatever the table says per bucket. No GPU, no timing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minedraft.bench.gpu import fp8_space as space
+from minedraft.bench.gpu.fp8_compile import sweep_jobs
+from minedraft.engine.cuda import fp8_tiles as tiles
+from minedraft.engine.cuda.fp8_tiles import Bucket, ShapeTiles, Tile, TileTable
+
+SMS = 132
+
+
+def entry(chunks: int = 4, **bucket: object) -> dict:
+    first = {"max_m": 1, "block_n": 64, "block_t": 16, "warps": 4, "stages": 4, "split": chunks, "prequant": False}
+    last = {"max_m": 2048, "block_n": 128, "block_t": 128, "warps": 8, "stages": 3, "split": 1, "prequant": True}
+    return {"chunks": chunks, "buckets": [{**first, **bucket}, last]}
+
+
+def write(tmp_path: Path, shapes: dict, fmt: int = 1) -> Path:
+    path = tmp_path / "tiles.json"
+    path.write_text(json.dumps({"format": fmt, "device": "test", "multiprocessors": SMS, "shapes": shapes}))
+    return path
+
+
+def test_the_committed_table_loads_without_rejections() -> None:
+    table = tiles.load_table(tiles.COMMITTED)
+    assert not table.rejected
+    for key, shape in table.shapes.items():
+        n, k = map(int, key.split(":")[1].split("x"))
+        assert tiles.num_blocks(k) % shape.chunks == 0 and n > 0
+
+
+def test_a_table_entry_serves_its_buckets_and_the_last_serves_every_larger_m(tmp_path: Path) -> None:
+    table = tiles.load_table(write(tmp_path, {"block:6144x4096": entry()}))
+    assert table.source.endswith("tiles.json") and not table.rejected
+    assert tiles.choose(table, "block", 6144, 4096, 1, SMS) == (4, Tile(64, 16, 4, 4, 4, False))
+    for m in (2, 448, 2048, 100_000):
+        assert tiles.choose(table, "block", 6144, 4096, m, SMS) == (4, Tile(128, 128, 8, 3, 1, True))
+
+
+def test_other_shapes_and_schemes_take_the_default(tmp_path: Path) -> None:
+    table = tiles.load_table(write(tmp_path, {"block:6144x4096": entry()}))
+    for scheme, n, k in (("channel", 6144, 4096), ("block", 4096, 4096)):
+        chunks = tiles.default_chunks(n, k, SMS)
+        for m in (1, 16, 64, 300):
+            assert tiles.choose(table, scheme, n, k, m, SMS) == (chunks, tiles.default_tile(scheme, n, m, chunks, SMS))
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ({"chunks": 3}, "do not divide"),  # 32 blocks of K
+    ({"split": 3}, "does not divide"),
+    ({"block_t": 8}, "not one the kernel takes"),
+    ({"warps": 2}, "not supported"),
+])
+def test_invalid_entries_are_rejected_with_the_reason_and_fall_back(tmp_path: Path, bad: dict, reason: str) -> None:
+    raw = entry(int(bad.pop("chunks", 4)), **bad)
+    table = tiles.load_table(write(tmp_path, {"block:6144x4096": raw, "block:4096x4096": entry()}))
+    assert "block:6144x4096" not in table.shapes and "block:4096x4096" in table.shapes
+    assert len(table.rejected) == 1 and reason in table.rejected[0]
+
+
+def test_missing_files_and_other_formats_mean_defaults(tmp_path: Path) -> None:
+    assert tiles.load_table(tmp_path / "none.json").shapes == {}
+    table = tiles.load_table(write(tmp_path, {"block:6144x4096": entry()}, fmt=2))
+    assert table.shapes == {} and "format" in table.source
+
+
+def test_the_env_var_names_the_table_and_a_missing_one_is_an_error(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(tmp_path, {"channel:4096x14336": entry(7, split=7)})
+    monkeypatch.setenv(tiles.TABLE_ENV, str(path))
+    tiles.active_table.cache_clear()
+    try:
+        assert tiles.active_table().source == str(path)
+        assert tiles.choose(tiles.active_table(), "channel", 4096, 14336, 1, SMS)[0] == 7
+        monkeypatch.setenv(tiles.TABLE_ENV, str(tmp_path / "gone.json"))
+        tiles.active_table.cache_clear()
+        with pytest.raises(FileNotFoundError):
+            tiles.active_table()
+    finally:
+        monkeypatch.delenv(tiles.TABLE_ENV)
+        tiles.active_table.cache_clear()
+
+
+def test_to_json_round_trips() -> None:
+    shape = ShapeTiles(2, (Bucket(1, Tile(64, 16, 4, 6, 2)), Bucket(2048, Tile(128, 64, 8, 4, 1, True))))
+    data = json.loads(json.dumps(tiles.to_json({"block:28672x4096": shape}, "H200", SMS, {"x": 1})))
+    assert tiles.parse_table(data, "mem").shapes == {"block:28672x4096": shape}
+
+
+def test_chunks_never_depend_on_m() -> None:
+    """Default or tabled, a shape's chunk count is one number across M: the summation order."""
+    table = TileTable({"block:6144x4096": ShapeTiles(8, (Bucket(16, Tile(64, 16, 4, 3, 8)),
+                                                         Bucket(10**9, Tile(128, 128, 8, 3))))}, "mem")
+    for scheme, (n, k) in [(s, nk) for s in ("block", "channel") for nk in space.shapes_8b().values()]:
+        assert len({tiles.choose(table, scheme, n, k, m, SMS)[0] for m in space.CHECK_MS}) == 1
+
+
+@pytest.mark.parametrize("gemm", ["qkv", "o", "gate_up", "down"])
+def test_the_search_space_only_holds_choices_the_kernel_takes(gemm: str) -> None:
+    n, k = space.shapes_8b()[gemm]
+    choices = space.chunk_choices(n, k, SMS)
+    assert 1 <= len(choices) <= 3 and all(tiles.num_blocks(k) % c == 0 for c in choices)
+    for chunks in choices:
+        for m in space.M_BUCKETS:
+            for tile in space.tiles_for("block", m):
+                assert tile.block_t >= min(16, m) and (m <= 16) == (tile.block_t == 16)
+                for split in space.splits_for(chunks, tile, n, m, SMS):
+                    space.with_split(tile, split).check(chunks)
+
+
+def test_the_sweep_compiles_each_kernel_once_and_stays_small() -> None:
+    jobs = sweep_jobs(["block", "channel"], SMS)
+    seen: set[tuple] = set()
+    for scheme, _, _, _, chunks, tile in jobs:  # every job compiles something no earlier one did
+        keys = set(space.kernel_keys(scheme, chunks, tile))
+        assert not keys <= seen
+        seen |= keys
+    assert len({key for key in seen if key[0] != "sum"}) <= 70
+    assert all(not tile.prequant for scheme, *_, tile in jobs if scheme == "channel")
+
+
+def test_best_ignores_failed_cells() -> None:
+    cells = [space.Cell("block", "o", 1, 4, Tile(64, 16, 4, 3), us=None, error="out of resources"),
+             space.Cell("block", "o", 1, 4, Tile(64, 16, 4, 4), us=9.0),
+             space.Cell("block", "o", 1, 4, Tile(128, 16, 4, 3), us=7.5)]
+    assert space.best(cells) is cells[2] and space.best(cells[:1]) is None
