@@ -73,8 +73,9 @@ class BlockTables:
             width = kept.host.shape[1]
             if table_width(max(kept.lengths, default=0), self.multiple, self.limit) != width:
                 return self._build(key)
-            rows = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
-            kept.host[torch.tensor(changed)] = rows
+            with torch.inference_mode(False):  # kept tables are plain tensors, whatever mode a caller runs in
+                kept.host[torch.tensor(changed)] = torch.tensor([t + [0] * (width - len(t)) for t in tables],
+                                                                dtype=torch.long)
             kept.revision, kept.device = next(self._revisions), None
             self.rows_written += len(changed)
         kept.version = alloc.version
@@ -85,7 +86,8 @@ class BlockTables:
         tables = [alloc.table(s) for s in key]
         lengths = [len(t) for t in tables]
         width = table_width(max(lengths, default=0), self.multiple, self.limit)
-        host = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long).view(len(key), width)
+        with torch.inference_mode(False):
+            host = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long).view(len(key), width)
         kept = KeptTable(host, lengths, alloc.version, next(self._revisions))
         self._kept[key] = kept
         self._kept.move_to_end(key)

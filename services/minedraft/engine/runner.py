@@ -54,6 +54,7 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-(self.config.max_position_embeddings + 64) // block_size)
         self.tables = BlockTables(self.cache.allocator, TABLE_MULTIPLE if self.backend == "triton" else 1,
                                   self.max_blocks_per_seq)  # kept between forwards, updated row by row
+        self._reserved: tuple[list[int], list[int], int] = ([], [], -1)  # the last ensure: ids, limits, version
         use_graphs = cuda_graphs and self.backend == "triton"
         self.graphs = GraphCache(self.run, self.device, self.max_blocks_per_seq) if use_graphs else None
 
@@ -107,8 +108,11 @@ class ModelRunner:
         """Like `forward_ids`, where starts and query lengths may be device tensors that only the device knows
         yet (computed from a verdict in flight); `reserve[b]` bounds row b's last position + 1, so its KV
         blocks exist before the step is queued."""
-        for seq_id, limit in zip(seq_ids, reserve, strict=True):
-            self.cache.allocator.ensure(seq_id, limit)
+        alloc = self.cache.allocator
+        if (seq_ids, reserve, alloc.version) != self._reserved:  # the draft's follow-up forwards: already there
+            for seq_id, limit in zip(seq_ids, reserve, strict=True):
+                alloc.ensure(seq_id, limit)
+            self._reserved = (list(seq_ids), list(reserve), alloc.version)
         kept = self.tables.get(seq_ids)
         if self.graphs is not None and self.graphs.can_replay(len(seq_ids), ids.shape[1], last_n, kept.host.shape[1]):
             return self.graphs.replay(ids, starts, query_lens, kept.host, last_n, kept.revision)
