@@ -17,7 +17,8 @@ from minedraft.core.tokenizer import Tokenizer
 from tests.step_driver_support import Stack, drive, word_tokenizer
 
 DEFAULT_POLICY = {"mode": "psd", "k": 4, "k_min": 1, "max_num_seqs": 64, "pipeline_depth": 2,
-                  "rebalance_threshold": 0.0, "auto_min_tokens_per_step": 1.3, "auto_probe_steps": 200}
+                  "rebalance_threshold": 0.0, "auto_min_tokens_per_step": 1.3, "auto_probe_steps": 200,
+                  "draft_selection": "fixed", "tetris_extra": 3, "tetris_min_batch": 32}
 
 
 @pytest.fixture(scope="module")

@@ -177,7 +177,8 @@ def test_live_policy_changes_mid_generation_keep_every_token(stack, random_pair)
     assert too_deep.status_code == 400 and "pipeline_depth" in too_deep.text
     final = httpx.put(url, json={"mode": "psd", "k": 3, "pipeline_depth": 2}, timeout=10)
     assert final.json() == {"mode": "psd", "k": 3, "k_min": 1, "max_num_seqs": 64, "pipeline_depth": 2,
-                            "rebalance_threshold": 0.0, "auto_min_tokens_per_step": 1.3, "auto_probe_steps": 200}
+                            "rebalance_threshold": 0.0, "auto_min_tokens_per_step": 1.3, "auto_probe_steps": 200,
+                            "draft_selection": "fixed", "tetris_extra": 3, "tetris_min_batch": 32}
 
 
 def test_seeded_sampled_requests_match_the_in_process_engine_exactly(stack, random_pair) -> None:

@@ -30,6 +30,9 @@ class ManagerConfig:
     rebalance_threshold: float = 0.0
     auto_min_tokens_per_step: float = 1.3
     auto_probe_steps: int = 200
+    draft_selection: str = "fixed"
+    tetris_extra: int = 3
+    tetris_min_batch: int = 32
     max_queue: int = 1024
     data_plane_backend: str = "gloo"
     data_plane_timeout_s: int = 20

@@ -16,6 +16,7 @@ from minedraft.core.errors import InvalidRequestError
 MODES = ("psd", "sd", "ar", "auto")
 DRAFTING_MODES = ("psd", "sd", "auto")  # modes that use the draft service
 TWO_BATCH_MODES = ("psd", "auto")  # modes that split the running sequences into two batches
+SELECTIONS = ("fixed", "tetris")  # draft_selection (batch_manager/draft_budget.py)
 
 
 def two_batches(mode: str, colocated: bool = False) -> bool:
@@ -65,6 +66,11 @@ POLICY_FIELDS: tuple[PolicyField, ...] = (
     PolicyField("auto_min_tokens_per_step", float, "auto: stop drafting while the recent mean accepted length "
                 "(tokens per sequence per verify) is below this", 1.0),
     PolicyField("auto_probe_steps", int, "auto: steps of plain verifier decoding before drafting is tried again", 1),
+    PolicyField("draft_selection", str, "fixed: every sequence verifies its k drafts; tetris: draft k + "
+                "tetris_extra each and verify the batch's k x batch most promising drafts, each sequence to its "
+                "own depth (on while the verify is compute-bound)", choices=SELECTIONS),
+    PolicyField("tetris_extra", int, "tetris: drafts per sequence beyond k", 1, 8),
+    PolicyField("tetris_min_batch", int, "tetris: the fewest sequences in a draft batch for selection to run", 1),
 )
 POLICY_NAMES: tuple[str, ...] = tuple(f.name for f in POLICY_FIELDS)
 _BY_NAME = {f.name: f for f in POLICY_FIELDS}

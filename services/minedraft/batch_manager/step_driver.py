@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from minedraft.batch_manager.admission import Admission
 from minedraft.batch_manager.backend import GenerationChunk, UnavailableError
 from minedraft.batch_manager.config import DEFAULT_BATCHED_TOKENS, ManagerConfig
+from minedraft.batch_manager.draft_budget import extra_drafts, plan_drafts
 from minedraft.batch_manager.draft_supervisor import DraftSupervisor
 from minedraft.batch_manager.driver_recovery import WorkerRecovery
 from minedraft.batch_manager.link import WorkerLink, raise_fault
@@ -99,7 +100,8 @@ class StepDriver(WorkerRecovery):
 
     def _issue_plan(self) -> None:
         cfg = self.config
-        change = self.admission.plan(list(self.requests.values()), self.in_flight, cfg.k, cfg.max_num_seqs)
+        change = self.admission.plan(list(self.requests.values()), self.in_flight, cfg.k + extra_drafts(cfg),
+                                     cfg.max_num_seqs)
         for req in change.preempt:
             self._preempt(req)
         self.admission.requeue(change.preempt)
@@ -116,11 +118,13 @@ class StepDriver(WorkerRecovery):
         to_draft = self.draft.sends_plans  # it gets every plan and verdict, drafting or not
         k = self.k_plan.for_plan(self.step, cfg.mode, cfg.k, with_drafts, batches.draft, batches.verify, adds,
                                  self.draft_adds, self.pending_remove, cfg.k_min)
+        width, budget = plan_drafts(cfg, k, len(batches.draft), self.k_plan.adaptive)  # TETRIS or fixed k
         chunks = self.prompts.chunks(len(batches.verify) * (k + 1) + self._direct_tokens)
         if chunks:
             self.k_plan.prompt_chunks(self.step)
         fields = {"step": self.step, "remove": self.pending_remove, "draft_batch": batches.draft,
-                  "verify_batch": batches.verify, "k": k, "with_drafts": with_drafts, "send_verdict": to_draft,
+                  "verify_batch": batches.verify, "k": width, "draft_budget": budget, "with_drafts": with_drafts,
+                  "send_verdict": to_draft,
                   "draft_here": self.draft.drafts_here, "prefill": chunks}
         self.verifier.send(control_pb2.ControlMessage(plan=control_pb2.StepPlan(add=adds, **fields)))
         if to_draft:

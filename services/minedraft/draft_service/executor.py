@@ -14,6 +14,7 @@ from minedraft.draft_service.launch_ahead import AwaitedVerdict, LaunchedDraft, 
 from minedraft.engine.draft_ahead import propose_ahead, settle
 from minedraft.engine.drafter import Drafter, Proposal
 from minedraft.engine.readback import Readback, device_mark, elapsed_ms
+from minedraft.engine.tetris_propose import propose_selected
 from minedraft.proto import control_pb2
 from minedraft.worker.data_frames import DraftPayload, expected_verdict_header, split_verdict_frame
 from minedraft.worker.data_plane import DRAFT_RANK, DataPlane, DataPlaneError, PlaneOwner, setup_timeout_s
@@ -88,7 +89,7 @@ class DraftExecutor(PlaneOwner):
         timing = event.timing
         if launched is not None:  # its verdict was consumed and never settled: re-sync with the verifier
             self._lost(plan, event, RuntimeError(f"plan {launched.plan.step} was drafted ahead, {plan.step} came"))
-        kd = launchable_kd(self.worker, self.awaited, plan, []) if self._ahead_ok() else None
+        kd = launchable_kd(self.worker, self.awaited, plan, []) if self._ahead_ok() and not plan.draft_budget else None
         if plan.step != self.applied_step:
             with timed(timing, "control_ms"):
                 apply_membership(self.worker, plan)
@@ -101,7 +102,7 @@ class DraftExecutor(PlaneOwner):
             if ids and self.plane is not None:
                 started = device_mark(self.device)
                 with timed(timing, "compute_ms"):
-                    proposal = self.worker.propose(ids, plan.k)
+                    proposal = propose_selected(self.worker, ids, plan.k, plan.draft_budget)
                 finished = device_mark(self.device)
                 self._send(plan, ids, proposal, timing)
                 self._await_verdict(plan)
@@ -166,7 +167,7 @@ class DraftExecutor(PlaneOwner):
             time.sleep(NEXT_PLAN_POLL_S)
         if nxt is None or nxt.step != plan.step + 1:
             return
-        kd = launchable_kd(self.worker, self.awaited, nxt, ids)
+        kd = launchable_kd(self.worker, self.awaited, nxt, ids) if not nxt.draft_budget else None  # TETRIS selects
         assert self.plane is not None
         if kd is None or not self.plane.can_take_verdict(len(ids), kd):
             return

@@ -9,6 +9,7 @@ import torch
 from minedraft.engine.grammar import mask_logits
 from minedraft.engine.sampling import STREAM_DRAFT, sample_tokens
 from minedraft.engine.sequence_host import SequenceHost
+from minedraft.engine.tetris import slot_scores, token_logq
 
 
 @dataclass(slots=True)
@@ -17,10 +18,15 @@ class Proposal:
 
     tokens: torch.Tensor
     probs: torch.Tensor | None  # [B, k, V]; None when the whole batch is greedy
+    scores: torch.Tensor | None = None  # [B, k] TETRIS slot scores, when the drafter was asked (`scoring`)
+    lengths: list[int] | None = None  # drafts each row has verified, when ragged (tokens -1 past them)
 
 
 class Drafter(SequenceHost):
-    """Owns the draft model's KV; rolls it back to the accepted prefix after each verdict."""
+    """Owns the draft model's KV; rolls it back to the accepted prefix after each verdict (drafts pruned
+    by TETRIS are rolled back like rejected ones: the verdict never accepts past a row's length)."""
+
+    scoring = False  # also score each drafted slot for TETRIS selection (engine/tetris.py)
 
     def propose(self, seq_ids: list[int], k: int) -> Proposal:
         """Run k draft forwards: the first feeds every uncached committed token, then one each."""
@@ -48,6 +54,7 @@ class Drafter(SequenceHost):
         ones = torch.ones_like(lengths)
         tokens: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []  # stays empty for an all-greedy batch
+        logq: list[tuple[torch.Tensor, torch.Tensor]] = []  # (drafted token's, largest) log q, when scoring
         grammar_rows = self.grammars.rows(seq_ids)  # masked one position at a time, on the host's matchers
         for i in range(k):
             if grammar_rows:
@@ -57,13 +64,16 @@ class Drafter(SequenceHost):
                 picked = token[:, 0].tolist()
                 self.grammars.consume_drafts(seq_ids, grammar_rows, [picked[b] for b in grammar_rows])
             tokens.append(token[:, 0])
+            if self.scoring:
+                logq.append(token_logq(logits, token, prob))
             if prob is not None:
                 probs.append(prob[:, 0])
             if i + 1 < k:
                 logits = self.feed_draft(seq_ids, token, lengths + i, ones, reserve)
         if grammar_rows:
             self.grammars.rollback_drafts(seq_ids, grammar_rows)  # drafts are not output until verified
-        return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+        scores = slot_scores(*(torch.stack(t, dim=1) for t in zip(*logq, strict=True))) if logq else None
+        return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None, scores)
 
     def feed_draft(self, seq_ids: list[int], token: torch.Tensor, position: torch.Tensor, ones: torch.Tensor,
                    reserve: list[int]) -> torch.Tensor:

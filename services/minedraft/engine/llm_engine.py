@@ -25,6 +25,7 @@ from minedraft.engine.drafter import Drafter
 from minedraft.engine.eagle_pair import capturing_runner, head_beside
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
+from minedraft.engine.tetris_propose import propose_selected
 from minedraft.engine.verifier import Verifier
 
 MODES = ("ar", "sd")
@@ -42,6 +43,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
     draft_kind: str = "model"  # or "eagle": the draft folder is an EAGLE head (engine/eagle_pair.py)
+    tetris_extra: int = 0  # > 0: draft k + this many and verify the batch's best k x batch (engine/tetris.py)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -128,7 +130,7 @@ class LLMEngine:
         """Validate and queue a request; it joins the running batch at the next step."""
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         validate_request(prompt_ids, params, self.max_context, self.target.vocab_size)
-        lookahead_blocks = self.target.runner.allocator.blocks_for(len(prompt_ids) + params.max_tokens + self.k + 1)
+        lookahead_blocks = self.target.runner.allocator.blocks_for(len(prompt_ids) + params.max_tokens + self.width + 1)
         if lookahead_blocks > self.target.runner.allocator.num_blocks:
             raise InvalidRequestError("request is larger than the whole KV cache; lower max_tokens")
         params.resolved_seed()
@@ -147,6 +149,11 @@ class LLMEngine:
             self.waiting.remove(req)
         self._retire(req)
 
+    @property
+    def width(self) -> int:
+        """Drafts per sequence per step: k, or k + extra with TETRIS."""
+        return self.k + self.config.tetris_extra
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -156,7 +163,7 @@ class LLMEngine:
     def _fits(self, reqs: list[Request]) -> bool:
         ids = [r.req_id for r in reqs]
         return all(
-            w.blocks_needed(ids, self.k - (w is self.draft)) <= w.runner.allocator.num_free for w in self._workers()
+            w.blocks_needed(ids, self.width - (w is self.draft)) <= w.runner.allocator.num_free for w in self._workers()
         )
 
     def _admit(self) -> None:
@@ -194,7 +201,8 @@ class LLMEngine:
             return []
         batch = list(self.running)
         ids = [r.req_id for r in batch]
-        proposal = self.draft.propose(ids, self.k) if self.draft is not None else None
+        proposal = (propose_selected(self.draft, ids, self.width, self.k * len(ids) if self.width > self.k else 0)
+                    if self.draft is not None else None)
         verdict = self.target.verify(ids, proposal)
         hidden = self.target.runner.take_hidden(ids)  # an EAGLE head's states (None for a draft model)
         self.total_steps += 1
@@ -207,7 +215,7 @@ class LLMEngine:
             if self.draft is not None:
                 self.draft.commit(req.req_id, new_tokens, accepted, hidden.row(b) if hidden is not None else None)
             req.stats.steps += 1
-            req.stats.drafted += self.k
+            req.stats.drafted += self.width if proposal is None or proposal.lengths is None else proposal.lengths[b]
             req.stats.accepted += accepted
             req.append_tokens(new_tokens, self.eos_ids, self.tokenizer, logprobs.get(req.req_id))
             if req.finished:

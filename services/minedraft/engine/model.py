@@ -28,6 +28,12 @@ from minedraft.engine.layers import (
 )
 
 
+def unpack_rows(packed: torch.Tensor, rows: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Packed tokens [1, N, D] back into the [B, Q, D] layout (padding rows zero) at flat indices `rows`."""
+    full = packed.new_zeros(shape[0] * shape[1], packed.shape[-1])
+    return full.index_copy_(0, rows, packed[0]).view(*shape, packed.shape[-1])
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention with optional q/k bias (Qwen2) and q/k norm (Qwen3)."""
 
@@ -59,16 +65,24 @@ class Attention(nn.Module):
         kv: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         pick: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Every token's keys and values are stored; with `pick` ([B, n] query indices) only those
-        queries attend and come out ([B, n, hidden])."""
+        queries attend and come out ([B, n, hidden]). With `rows` (engine/ragged.py) x is packed
+        [1, N, hidden], the valid tokens of the [B, Q] layout at those flat indices: the projections
+        run on them alone and only the attention sees the padded layout."""
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
+        if rows is not None:
+            qkv = unpack_rows(qkv, rows, meta.positions.shape)
         qk_norm = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
         q = rope_and_store(qkv, cos_sin, kv, meta, self.num_heads, self.num_kv_heads, self.head_dim, qk_norm)
         if pick is not None:
             q, meta = take_rows(q, pick), select_queries(meta, pick)
         out = paged_attention(q, kv[0], kv[1], meta, self.scale)
-        return linear(out.reshape(*out.shape[:2], -1), self.o_weight)
+        out = out.reshape(*out.shape[:2], -1)
+        if rows is not None:
+            out = out.view(-1, out.shape[-1]).index_select(0, rows).unsqueeze(0)
+        return linear(out, self.o_weight)
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -101,12 +115,13 @@ class DecoderLayer(nn.Module):
         kv: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         pick: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the previous layer's (reduced) output, not yet added to `residual`. With `pick`, only those
-        rows go on past the attention (see `CausalLM.forward`)."""
+        rows go on past the attention (see `CausalLM.forward`); with `rows`, x is packed (`Attention`)."""
         norm_in, norm_post = self.input_layernorm, self.post_attention_layernorm
         h, residual = add_rms_norm(x, residual, norm_in.weight, norm_in.eps, meta.backend)
-        attn = self.reduce(self.self_attn(h, cos_sin, kv, meta, pick))
+        attn = self.reduce(self.self_attn(h, cos_sin, kv, meta, pick, rows))
         if pick is not None:
             residual = take_rows(residual, pick)
         h, residual = add_rms_norm(attn, residual, norm_post.weight, norm_post.eps, meta.backend)
@@ -148,6 +163,7 @@ class CausalLM(nn.Module):
         pick: torch.Tensor | None = None,
         aux_layers: tuple[int, ...] = (),
         aux: list[torch.Tensor] | None = None,
+        packed: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run [B, Q] tokens through the decoder, writing their KV; returns [B, Q, hidden], or with `pick`
         ([B, n] query indices) the hidden states of those rows only, [B, n, hidden].
@@ -155,17 +171,27 @@ class CausalLM(nn.Module):
         Only the last layer's keys and values of the other rows are ever read, and they come from its
         input: on the torch path (CPU) the last layer runs its attention output, MLP and the final norm on
         the picked rows alone. A prompt's prefill then pays one layer's K/V projections for all but its
-        last rows instead of the whole layer, which for a one-layer draft is most of its prefill."""
+        last rows instead of the whole layer, which for a one-layer draft is most of its prefill.
+
+        `packed` (rows, picked), from engine/ragged.py: the layers run on the valid tokens alone (flat
+        indices `rows` of the [B, Q] layout) and the result is the hidden states at `picked` [B, n]
+        (indices into the packed tokens); `pick` is then unused."""
         x = self.model.embed_tokens(input_ids)
         residual: torch.Tensor | None = None
         cos_sin = self.model.rotary.cos_sin(meta.positions)
+        rows = None
+        if packed is not None:
+            rows, pick = packed[0], None
+            x = x.view(-1, x.shape[-1]).index_select(0, rows).unsqueeze(0)
         narrow = pick if pick is not None and meta.backend == "torch" and pick.shape[1] < input_ids.shape[1] else None
         last = len(self.model.layers) - 1
         for i, (layer, kv) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
             if aux is not None and i in aux_layers:  # the residual stream entering layer i (EAGLE-3's taps)
                 aux.append(x if residual is None else x + residual)
-            x, residual = layer(x, residual, cos_sin, kv, meta, narrow if i == last else None)
+            x, residual = layer(x, residual, cos_sin, kv, meta, narrow if i == last else None, rows)
         assert residual is not None
+        if packed is not None:
+            x, residual = x[0, packed[1]], residual[0, packed[1]]
         if pick is not None and narrow is None and max(input_ids.shape[1], pick.shape[1]) > 1:  # else the identity
             x, residual = take_rows(x, pick), take_rows(residual, pick)
         norm = self.model.norm

@@ -29,6 +29,15 @@ import torch
 DEFAULT_EXTRA = 3  # drafts per sequence beyond k (MineDraft's tetris_extra_proposals)
 
 
+def token_logq(logits: torch.Tensor, token: torch.Tensor, prob: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """log q of each row's drafted token and the largest log q, [B] each, from one draft step's logits
+    [B, 1, V] and tokens [B, 1]: q is what the token was sampled from (`prob`), or for an all-greedy batch
+    the softmax of the logits (a greedy row's q is one-hot, which would score every slot alike)."""
+    logq = prob.clamp(min=1e-30).log() if prob is not None else logits.float().log_softmax(dim=-1)
+    return logq.gather(-1, token.unsqueeze(-1))[:, 0, 0], logq.amax(dim=-1)[:, 0]
+
+
 def slot_scores(chosen_logq: torch.Tensor, top_logq: torch.Tensor) -> torch.Tensor:
     """s [B, K] from each slot's drafted token's log q [B, K] and the log of its largest q [B, K].
 
@@ -59,6 +68,13 @@ def prune(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """Drafts [B, K] with each row's slots at and past its length set to -1 (they are not verified)."""
     slot = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
     return torch.where(slot < lengths.unsqueeze(1), tokens, torch.full_like(tokens, -1))
+
+
+def ragged_lengths(tokens: torch.Tensor) -> list[int] | None:
+    """Per-row lengths of drafts [B, K] on the host, or None when no row was pruned (a fixed-k proposal)."""
+    if tokens.numel() == 0 or int(tokens.min()) >= 0:
+        return None
+    return draft_lengths(tokens).tolist()
 
 
 def draft_lengths(tokens: torch.Tensor) -> torch.Tensor:

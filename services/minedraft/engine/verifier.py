@@ -13,6 +13,7 @@ from minedraft.engine.drafter import Proposal
 from minedraft.engine.grammar import mask_logits
 from minedraft.engine.logits_processing import LogitsProcessing, processes
 from minedraft.engine.logprobs import log_softmax, pack, unpack
+from minedraft.engine.ragged import verify_logits
 from minedraft.engine.readback import Readback
 from minedraft.engine.rejection import Verdict, verify_drafts
 from minedraft.engine.runner import ModelRunner
@@ -96,6 +97,7 @@ class Verifier(SequenceHost):
                             ) -> tuple[Verdict, LogprobsInFlight | None]:
         states = [self.seqs[s] for s in seq_ids]
         device = self.runner.device
+        ragged = proposal.lengths if proposal is not None else None  # TETRIS: per-row draft counts
         if proposal is None:
             drafts = torch.zeros((len(seq_ids), 0), dtype=torch.long, device=device)
             draft_probs = None
@@ -106,7 +108,11 @@ class Verifier(SequenceHost):
         prompt_rows = [b for b, st in enumerate(states) if self._wants_prompt_logprobs(st)] if featured else []
         grammar_rows = self.grammars.rows(seq_ids) if featured else []
         drafts_host = drafts.tolist() if grammar_rows else []  # before the forward is queued: masks overlap it
-        logits, full = self._score(states, drafts, bool(prompt_rows))
+        if ragged is None:
+            logits, full = self._score(states, drafts, bool(prompt_rows))
+        else:  # rows verify their own counts; slots past a row's count are never read (-1 drafts there)
+            logits, full = verify_logits(self.runner, states, drafts, ragged, bool(prompt_rows))
+            drafts = drafts.clamp(min=0)
         processed = self.processing.apply(logits, states, drafts) if featured else logits
         if grammar_rows:
             processed = mask_logits(processed, grammar_rows, self.grammars.verify_masks(seq_ids, grammar_rows,
@@ -117,13 +123,15 @@ class Verifier(SequenceHost):
         target_probs = processed if sampling.all_greedy else processed_probs(processed, sampling)
         if draft_probs is not None:
             draft_probs = draft_probs.to(device)
-        verdict = verify_drafts(drafts, draft_probs, target_probs, processed, sampling, positions)
+        judged = (drafts, draft_probs, target_probs, processed, sampling, positions)
+        verdict = (verify_drafts(*judged) if ragged is None else
+                   verify_drafts(*judged, lengths=self.runner.to_device(torch.tensor(ragged, dtype=torch.long))))
         logprobs = self._logprobs(states, logits, processed, verdict) if featured else None
         if prompt_rows:
             assert full is not None
             logprobs = logprobs or LogprobsInFlight([], 0, None)
-            logprobs.prompt = [self._prompt_logprobs(states[b], full[b], len(states[b].uncached()) + k)
-                               for b in prompt_rows]
+            logprobs.prompt = [self._prompt_logprobs(states[b], full[b], len(states[b].uncached())
+                                                     + (k if ragged is None else ragged[b])) for b in prompt_rows]
         return verdict, logprobs
 
     def _wants_prompt_logprobs(self, st: SeqState) -> bool:
@@ -169,8 +177,10 @@ class Verifier(SequenceHost):
             out.prompt_host = [(seq_id, n, Readback(packed)) for seq_id, n, packed in logprobs.prompt]
         return out
 
-    def commit(self, seq_ids: list[int], readback: VerdictReadback) -> tuple[list[list[int]], list[int]]:
-        """Wait for the verdict, append each row's tokens and drop the KV of rejected drafts.
+    def commit(self, seq_ids: list[int], readback: VerdictReadback, hold: int = 0
+               ) -> tuple[list[list[int]], list[int]]:
+        """Wait for the verdict, append each row's tokens and drop the KV of rejected drafts, keeping the blocks
+        of `hold` positions past the committed ones (a step launched ahead writes them: verifier/ar_ahead.py).
         Returns the rows (k+1 wide, -1 padded) and the accepted counts."""
         packed = readback.tolist()
         rows = [p[1:] for p in packed]
@@ -180,7 +190,7 @@ class Verifier(SequenceHost):
             st = self.seqs[seq_id]
             st.cached = st.length + n
             st.tokens.extend(row[: n + 1])
-            self.runner.truncate(seq_id, st.cached)
+            self.runner.truncate(seq_id, st.cached + hold)
             self.prefix.publish(st)
             self.grammars.commit(seq_id, row[: n + 1])
         return rows, accepted

@@ -2,7 +2,8 @@
 
 A payload travels as one fixed-size int64 frame (what does not fit follows it): a header of HEADER_SLOTS slots
 (step, batch, k, has_probs, vocab, body length), then the body. Drafts: sequence ids, then the [B, k]
-tokens (q for sampled rows follows as its own float32 tensor). Verdicts: sequence ids, accepted counts,
+tokens, -1 past a row's length when TETRIS pruned it (q for sampled rows follows as its own float32
+tensor). Verdicts: sequence ids, accepted counts,
 then the [B, k+1] tokens, -1 padded; for an EAGLE head also each row's first position and count of target
 hidden states (header slots 3 and 4: their width and total rows), which follow as one float32 tensor.
 A frame received into device memory can be used by views (the `Posted*` forms) before the host reads it;
@@ -27,6 +28,7 @@ class DraftPayload:
     seq_ids: list[int]
     tokens: torch.Tensor  # [B, k]
     probs: torch.Tensor | None  # [B, k, V]
+    lengths: list[int] | None = None  # TETRIS: drafts each row has verified (tokens -1 past them); None: all k
 
 
 @dataclass(slots=True)

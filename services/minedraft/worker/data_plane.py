@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from minedraft.core.errors import MinedraftError
 from minedraft.engine.hidden_rows import HiddenRows
+from minedraft.engine.tetris import ragged_lengths
 from minedraft.engine.transfer import to_device
 from minedraft.worker.data_frames import (
     FRAME_SLOTS,
@@ -215,7 +216,8 @@ class DataPlane:
     def recv_drafts(self) -> DraftPayload:
         (step, batch, k, has_probs, vocab, _), host, body = self._recv_frame("drafts")
         probs = self._recv((batch, k, vocab), torch.float32, "drafts") if has_probs else None
-        return DraftPayload(step, host[:batch].tolist(), body[batch:].view(batch, k), probs)
+        lengths = ragged_lengths(host[batch:].view(batch, k))  # TETRIS rows: their verified drafts
+        return DraftPayload(step, host[:batch].tolist(), body[batch:].view(batch, k), probs, lengths)
 
     def send_verdict(self, payload: VerdictPayload) -> None:
         batch, width = payload.tokens.shape

@@ -1,0 +1,31 @@
+"""A drafter's TETRIS proposal: draft k + extra per sequence, keep the batch's best `budget` slots."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from minedraft.engine.drafter import Drafter, Proposal
+from minedraft.engine.tetris import prune, select_lengths
+
+
+def select(proposal: Proposal, budget: int) -> Proposal:
+    """The proposal with only its best `budget` slots over the batch kept (the rest -1) and each row's
+    length on the host. The lengths are read back here, once per draft step: the verifier needs them on
+    its host to lay out its packed forward, and the data plane carries them as the -1s."""
+    assert proposal.scores is not None, "the drafter was not scoring"
+    lengths = select_lengths(proposal.scores, budget)
+    return replace(proposal, tokens=prune(proposal.tokens, lengths), scores=None, lengths=lengths.tolist())
+
+
+def propose_selected(drafter: Drafter, seq_ids: list[int], width: int, budget: int) -> Proposal:
+    """`width` (k + extra) drafts per sequence scored, then selected down to `budget` drafts in all; a
+    budget of 0 or one that covers every draft is a plain proposal. Works for every drafter whose
+    proposals go through `Drafter.draft_from` (a draft model, an EAGLE head)."""
+    if budget <= 0 or budget >= width * len(seq_ids):
+        return drafter.propose(seq_ids, width)
+    drafter.scoring = True
+    try:
+        proposal = drafter.propose(seq_ids, width)
+    finally:
+        drafter.scoring = False
+    return select(proposal, budget)
