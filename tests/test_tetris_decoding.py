@@ -77,3 +77,19 @@ def test_sampled_tetris_sd_follows_the_target_distribution(tiny_vocab_pair) -> N
                                  max_num_seqs=SAMPLES, tetris_extra=2)
     counts = sample_pairs(engine, 1.0, 0, 1.0)
     assert chi_square_pvalue(counts, probs) > 1e-3
+
+
+@pytest.mark.skipif(not (TINY_TARGET / "config.json").exists(), reason="bundled pair not built")
+def test_greedy_tetris_with_grammars_equals_ar() -> None:
+    """Grammar rows mask each verified slot after drafts[:i]; a pruned row's -1 slots are never consumed."""
+    from tests.test_structured_outputs import PROMPTS as TEXTS
+    from tests.test_structured_outputs import SCHEMA, structured
+
+    cases = [structured("json_schema", SCHEMA), structured("regex", r"[0-9]{3}-[a-z]{2,4}"),
+             structured("choice", ["yes", "no", "maybe not"])]
+    params = [SamplingParams(max_tokens=80, structured=so) for so in cases for _ in TEXTS]
+    prompts = [p for _ in cases for p in TEXTS]
+    ar = engine_from_folders(TINY_TARGET, None, "ar").generate(prompts, params)
+    sd = engine_from_folders(TINY_TARGET, TINY_DRAFT, "sd", k=3, tetris_extra=3).generate(
+        prompts, [SamplingParams(max_tokens=80, structured=p.structured) for p in params])
+    assert [r.output_ids for r in sd] == [r.output_ids for r in ar]

@@ -99,7 +99,9 @@ class GrammarMasks:
         out = np.ones((len(rows), slots, self.vocab_size), dtype=bool)
         for r, b in enumerate(rows):
             matcher = self.matchers[seq_ids[b]]
-            valid = matcher.validate_tokens(drafts[b]) if slots > 1 else 0
+            row = drafts[b]
+            cut = row.index(-1) if -1 in row else len(row)  # TETRIS pruned the rest of the row (-1): never verified
+            valid = matcher.validate_tokens(row[:cut]) if slots > 1 else 0
             consumed = 0
             for i in range(min(valid + 1, slots)):
                 out[r, i] = self._allowed(matcher)
