@@ -10,9 +10,12 @@ that verifies a batch and drafts it again (scheduler.py, "fused").
 
 from __future__ import annotations
 
-from minedraft.engine.drafter import Drafter
+from minedraft.engine.draft_ahead import settle
+from minedraft.engine.drafter import Drafter, Proposal
 from minedraft.engine.hidden_rows import HiddenRows
+from minedraft.engine.rejection import Verdict
 from minedraft.proto import control_pb2
+from minedraft.verifier.colocated_ahead import draft_ahead
 from minedraft.worker.data_frames import DraftPayload
 from minedraft.worker.membership import apply_membership, forget_all
 
@@ -23,10 +26,11 @@ class ColocatedDrafter:
     def __init__(self, drafter: Drafter) -> None:
         self.drafter = drafter
         self.pending: DraftPayload | None = None
+        self.ahead: tuple[int, list[int], int] | None = None  # (step, ids, k) drafted ahead: colocated_ahead.py
 
     def reset(self) -> None:
         forget_all(self.drafter)
-        self.pending = None
+        self.pending, self.ahead = None, None
 
     def apply_membership(self, plan: control_pb2.StepPlan) -> None:
         apply_membership(self.drafter, plan)
@@ -40,13 +44,27 @@ class ColocatedDrafter:
                hidden: HiddenRows | None = None) -> None:
         """The verifier's tokens for every verified sequence (AR steps too: the copies stay complete), and for
         an EAGLE head the target's states (engine/hidden_rows.py), already on this device."""
+        if self.ahead is not None and self.ahead[1] == seq_ids:  # drafted ahead: settle what it left open
+            settle(self.drafter, seq_ids, rows, accepted, self.ahead[2])
+            return
         parts = hidden.split() if hidden is not None else [None] * len(seq_ids)
         for seq_id, row, n, part in zip(seq_ids, rows, accepted, parts, strict=True):
             if seq_id in self.drafter.seqs:
                 self.drafter.commit(seq_id, row[: n + 1], n, part)
 
+    def draft_ahead(self, plan: control_pb2.StepPlan, ids: list[int], proposal: Proposal | None,
+                    verdict: Verdict) -> None:
+        """Queue the plan's drafts behind its verify, before the verdict is read (colocated_ahead.py's plain
+        case); `commit` then settles the drafter and `draft` has nothing left to do."""
+        payload = draft_ahead(self.drafter, plan, ids, proposal, verdict)
+        if payload is not None:
+            self.pending, self.ahead = payload, (plan.step, ids, plan.k)
+
     def draft(self, plan: control_pb2.StepPlan) -> None:
         """Propose k tokens for the plan's draft batch; the next plan verifies them."""
+        if self.ahead is not None and self.ahead[0] == plan.step:
+            self.ahead = None  # its drafts are queued already
+            return
         ids = list(plan.draft_batch)
         proposal = self.drafter.propose(ids, plan.k)
         self.pending = DraftPayload(plan.step, ids, proposal.tokens, proposal.probs)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 import torch
@@ -16,8 +15,9 @@ from minedraft.engine.readback import Readback, device_mark
 from minedraft.engine.transfer import to_device
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
+from minedraft.verifier.ar_ahead import held, launch_ar
 from minedraft.verifier.colocated import ColocatedDrafter
-from minedraft.verifier.launch_ahead import LaunchedStep, launchable_ids
+from minedraft.verifier.launch_ahead import LaunchedStep, await_next, launchable_ids
 from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_header
 from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError, PlaneOwner, setup_timeout_s
 from minedraft.worker.info import worker_info
@@ -28,7 +28,6 @@ from minedraft.worker.step_timing import timed
 from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, StepBroadcast
 
 log = logging.getLogger(__name__)
-NEXT_PLAN_POLL_S = 0.00005
 
 
 def align_drafts(payload: DraftPayload, seq_ids: list[int]) -> Proposal:
@@ -153,7 +152,9 @@ class VerifierExecutor(PlaneOwner):
             hidden = self.worker.runner.take_hidden(ids) if plan.send_verdict or self.colocated else None
             self._hand_on(plan, VerdictPayload(plan.step, ids, verdict.tokens, verdict.accepted, hidden), timing, event)
             readback = self.worker.read_back(verdict, started)
-            self._launch_next(plan, ids, event, readback)
+            if here and self.launch_ahead:  # the next drafts go right behind the verify (colocated_ahead.py)
+                self.colocated.draft_ahead(plan, ids, proposal, verdict)  # type: ignore[union-attr]
+            self._launch_next(plan, ids, event, readback, None if plan.with_drafts else verdict.tokens)
             self._commit(ids, readback, event, hidden)
         else:
             if self.followers is not None:
@@ -174,7 +175,7 @@ class VerifierExecutor(PlaneOwner):
         self.verified_count += 1
         timing = event.timing
         with timed(timing, "compute_ms"), StallWatch.around(self.stall, "rank 0's verify"):
-            rows, accepted_list = self.worker.commit(ids, readback)
+            rows, accepted_list = self.worker.commit(ids, readback, held(self.launched))
         timing.device_ms += readback.device_ms()
         counts = [n + 1 for n in accepted_list]
         event.verdicts.seq_ids.extend(ids)
@@ -191,21 +192,17 @@ class VerifierExecutor(PlaneOwner):
             event.verdicts.prompt_logprobs.append(
                 logprobs_to_wire(seq_id, entries, self.worker.seqs[seq_id].params.prompt_logprobs or 0))
 
-    def _await_next(self, readback: Readback) -> control_pb2.StepPlan | None:
-        """The next plan; while this step's verdict is still on the device (the GPU is busy anyway) it
-        is worth waiting for, since the manager sends it once it has the previous step's verdict."""
-        while (nxt := self.upcoming()) is None and not readback.ready():
-            time.sleep(NEXT_PLAN_POLL_S)
-        return nxt
-
     def _launch_next(self, plan: control_pb2.StepPlan, ids: list[int], event: control_pb2.WorkerEvent,
-                     readback: Readback) -> None:
-        """Queue the next plan's verify now when launch_ahead.py's conditions hold (no colocated draft); the
-        tensor-parallel followers are told to queue it ahead too."""
+                     readback: Readback, ar: torch.Tensor | None = None) -> None:
+        """Queue the next plan's verify now when launch_ahead.py's conditions hold (no colocated draft; followers
+        queue it too), or after an AR step (`ar`: its tokens on the device) the next one when ar_ahead.py's do."""
+        if ar is not None and self.launch_ahead and self.colocated is None and self.followers is None:
+            self.launched = launch_ar(self.worker, plan, ids, ar, await_next(self.upcoming, readback))
+            self.launched_count += self.launched is not None
+            return
         if not self.launch_ahead or self.plane is None or self.colocated is not None:
             return
-        nxt = self._await_next(readback)
-        if nxt is None:
+        if (nxt := await_next(self.upcoming, readback)) is None:
             return
         next_ids = launchable_ids(self.worker, plan, ids, nxt) if self.drafts_pending else None
         if next_ids is None:
@@ -244,13 +241,13 @@ class VerifierExecutor(PlaneOwner):
     def _finish_launched(self, launched: LaunchedStep) -> control_pb2.WorkerEvent:
         """The plan launched ahead arrives: check the drafts it used, launch the one after it, commit it."""
         plan, event = launched.plan, launched.event
-        header = launched.header.tolist()
-        if header != launched.expected_header or (self.plane is not None and self.plane.aborted):
+        header = launched.header.tolist() if launched.header is not None else None  # None: an AR step
+        if header is not None and (header != launched.expected_header or getattr(self.plane, "aborted", False)):
             log.error("step %d verified drafts whose header %s is not the expected %s; re-syncing the draft "
                       "service", plan.step, header[:8], launched.expected_header[:8])
             self._drop_plane()
             event.data_plane_lost = True
-        self._launch_next(plan, launched.ids, event, launched.readback)
+        self._launch_next(plan, launched.ids, event, launched.readback, launched.tokens)
         self._commit(launched.ids, launched.readback, event)
         self.last_step = plan.step
         return self._report(event)

@@ -20,13 +20,19 @@ any drafts, so even then no output token is wrong.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
 
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.logits_processing import processes
 from minedraft.engine.readback import Readback
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
+
+NEXT_PLAN_POLL_S = 0.00005
 
 
 @dataclass(slots=True)
@@ -37,8 +43,9 @@ class LaunchedStep:
     ids: list[int]
     event: control_pb2.WorkerEvent  # filled as the step goes; returned when it commits
     readback: Readback
-    header: Readback  # the draft frame's header and sequence ids
+    header: Readback | None  # the draft frame's header and sequence ids (None: an AR step, verifier/ar_ahead.py)
     expected_header: list[int]
+    tokens: torch.Tensor | None = None  # an AR step's verdict tokens [B, 1], on the device: the next AR step's input
 
 
 def plain(params: SamplingParams) -> bool:
@@ -59,3 +66,12 @@ def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids:
         if st is None or st.length - st.cached != 1 or not st.params.greedy or not plain(st.params):
             return None
     return drafted
+
+
+def await_next(upcoming: Callable[[], control_pb2.StepPlan | None], readback: Readback
+               ) -> control_pb2.StepPlan | None:
+    """The next plan; while this step's verdict is still on the device (the GPU is busy anyway) it
+    is worth waiting for, since the manager sends it once it has the previous step's verdict."""
+    while (nxt := upcoming()) is None and not readback.ready():
+        time.sleep(NEXT_PLAN_POLL_S)
+    return nxt

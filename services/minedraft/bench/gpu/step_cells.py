@@ -79,7 +79,7 @@ def phase_hooks() -> list[Hook]:
         Hook(Verifier, "commit", "commit"), Hook(Drafter, "commit", "commit"),
         Hook(ColocatedDrafter, "commit", "commit"), Hook(VerifierExecutor, "_commit", "commit"),
         Hook(VerifierExecutor, "_report", "commit"),
-        Hook(Drafter, "propose", OTHER, scope="draft"),
+        Hook(Drafter, "propose", OTHER, scope="draft"), Hook(ColocatedDrafter, "draft_ahead", OTHER, scope="draft"),
     ]
 
 
@@ -161,10 +161,13 @@ class CellDriver:
         self.target_bytes = model_bytes(verifier.runner)
         self.draft_bytes = model_bytes(drafter.runner) if drafter is not None else None
         self.step_no = 0
+        self.ahead = False  # the next plan is in the inbox (launch-ahead may queue it), except a block's last
         self.executor: VerifierExecutor | None = None
         if cell.mode != "draft":
             colocated = ColocatedDrafter(drafter) if cell.mode == "fused" and drafter is not None else None
-            self.executor = VerifierExecutor(verifier, None, "", 0, colocated=colocated)  # type: ignore[arg-type]
+            self.executor = VerifierExecutor(verifier, None, "", 0, colocated=colocated,  # type: ignore[arg-type]
+                                             launch_ahead=True)  # as a verifier on one GPU runs (auto)
+            self.executor.upcoming = lambda: self.plan(False) if self.ahead else None
         if cell.mode == "verify":
             vocab = verifier.vocab_size
             drafts = torch.randint(3, vocab, (cell.batch, cell.k), device=verifier.runner.device)
@@ -195,7 +198,10 @@ class CellDriver:
         self.step_no += 1
         self.executor.handle_plan(plan)
 
-    def step(self) -> int:
+    def step(self, ahead: bool = False) -> int:
+        """One step; with `ahead`, the next plan is already there (the last step of a block passes False, so a
+        block never ends with a step launched ahead that the next block would finish)."""
+        self.ahead = ahead
         k, mode = self.cell.k, self.cell.mode
         if mode == "draft":
             assert self.drafter is not None and self.draft_bytes is not None
@@ -246,15 +252,15 @@ def measure_cell(driver: CellDriver, copy_GBps: float, rounds: int = 4, steps: i
             _sync(device)
             if kind == "clean":
                 start = time.perf_counter()
-                nbytes.extend(driver.step() for _ in range(steps))
+                nbytes.extend(driver.step(ahead=j + 1 < steps) for j in range(steps))
                 _sync(device)
                 whole.append((time.perf_counter() - start) * 1000.0 / steps)
             elif kind == "phased":
                 with Patches(clock, hooks):
-                    for _ in range(steps):
+                    for j in range(steps):
                         start = time.perf_counter()
                         with clock.phase(OTHER):
-                            driver.step()
+                            driver.step(ahead=j + 1 < steps)
                         phased.append((time.perf_counter() - start) * 1000.0)
                 for name, ms in clock.take().items():
                     phases[name] += ms / (rounds * steps)
