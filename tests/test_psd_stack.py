@@ -162,7 +162,8 @@ def test_live_policy_changes_mid_generation_keep_every_token(stack, random_pair)
         tasks = [asyncio.create_task(grpc_stream(stack, p, 90, 0)) for p in prompts]
         async with httpx.AsyncClient(timeout=60) as client:
             for policy in ({"mode": "sd"}, {"mode": "ar"}, {"mode": "psd", "k": 2, "pipeline_depth": 3},
-                           {"mode": "auto", "k": 3, "pipeline_depth": 1}):
+                           {"draft_selection": "tetris", "tetris_min_batch": 1},
+                           {"mode": "auto", "k": 3, "pipeline_depth": 1, "draft_selection": "fixed"}):
                 start = health(stack)["step"]
                 while health(stack)["step"] < start + 4 and not all(t.done() for t in tasks):
                     await asyncio.sleep(0.02)
@@ -178,7 +179,7 @@ def test_live_policy_changes_mid_generation_keep_every_token(stack, random_pair)
     final = httpx.put(url, json={"mode": "psd", "k": 3, "pipeline_depth": 2}, timeout=10)
     assert final.json() == {"mode": "psd", "k": 3, "k_min": 1, "max_num_seqs": 64, "pipeline_depth": 2,
                             "rebalance_threshold": 0.0, "auto_min_tokens_per_step": 1.3, "auto_probe_steps": 200,
-                            "draft_selection": "fixed", "tetris_extra": 3, "tetris_min_batch": 32}
+                            "draft_selection": "fixed", "tetris_extra": 3, "tetris_min_batch": 1}
 
 
 def test_seeded_sampled_requests_match_the_in_process_engine_exactly(stack, random_pair) -> None:

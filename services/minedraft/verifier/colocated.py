@@ -14,6 +14,7 @@ from minedraft.engine.draft_ahead import settle
 from minedraft.engine.drafter import Drafter, Proposal
 from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.rejection import Verdict
+from minedraft.engine.tetris_propose import propose_selected
 from minedraft.proto import control_pb2
 from minedraft.verifier.colocated_ahead import draft_ahead
 from minedraft.worker.data_frames import DraftPayload
@@ -66,5 +67,5 @@ class ColocatedDrafter:
             self.ahead = None  # its drafts are queued already
             return
         ids = list(plan.draft_batch)
-        proposal = self.drafter.propose(ids, plan.k)
-        self.pending = DraftPayload(plan.step, ids, proposal.tokens, proposal.probs)
+        proposal = propose_selected(self.drafter, ids, plan.k, plan.draft_budget)
+        self.pending = DraftPayload(plan.step, ids, proposal.tokens, proposal.probs, proposal.lengths)

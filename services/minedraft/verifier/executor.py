@@ -33,14 +33,15 @@ log = logging.getLogger(__name__)
 def align_drafts(payload: DraftPayload, seq_ids: list[int]) -> Proposal:
     """Rows of the draft payload in the order of this step's verify batch."""
     if list(payload.seq_ids) == seq_ids:  # the usual case: both batches list sequences in id order
-        return Proposal(payload.tokens, payload.probs)
+        return Proposal(payload.tokens, payload.probs, lengths=payload.lengths)
     row_of = {s: i for i, s in enumerate(payload.seq_ids)}
     missing = [s for s in seq_ids if s not in row_of]
     if missing:
         raise RuntimeError(f"plan asks to verify sequences {missing} that were not drafted")
     rows = to_device(torch.tensor([row_of[s] for s in seq_ids], dtype=torch.long), payload.tokens.device)
     probs = payload.probs[rows] if payload.probs is not None else None
-    return Proposal(payload.tokens[rows], probs)
+    lengths = [payload.lengths[row_of[s]] for s in seq_ids] if payload.lengths is not None else None
+    return Proposal(payload.tokens[rows], probs, lengths=lengths)
 
 
 class VerifierExecutor(PlaneOwner):
@@ -204,7 +205,9 @@ class VerifierExecutor(PlaneOwner):
             return
         if (nxt := await_next(self.upcoming, readback)) is None:
             return
-        next_ids = launchable_ids(self.worker, plan, ids, nxt) if self.drafts_pending else None
+        # Drafts TETRIS selected (plan.draft_budget) are ragged: their lengths are read on the host first.
+        ragged = plan.draft_budget > 0
+        next_ids = launchable_ids(self.worker, plan, ids, nxt) if self.drafts_pending and not ragged else None
         if next_ids is None:
             return
         next_event = control_pb2.WorkerEvent(step=nxt.step)
