@@ -6,6 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 import torch.distributed as dist
@@ -105,6 +106,22 @@ def test_psd_stack_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path, laun
         assert worker_info(stack.target_port).num_blocks == 256
         launched = "verifies are launched ahead" in (tmp_path / "logs" / "verifier.log").read_text()
         assert launched == (launch_ahead == "on")
+    finally:
+        stack.stop()
+
+
+def test_tetris_selection_with_a_two_rank_tensor_parallel_verifier(tmp_path: Path) -> None:
+    """Ragged (TETRIS-selected) drafts reach rank 1 with each row's count, so both ranks verify the same
+    depths: greedy PSD output is still exactly AR."""
+    stack = tp_pair_stack(tmp_path)
+    expected = single_process_ar(tmp_path)
+    try:
+        stack.start(timeout=120)
+        url = f"http://127.0.0.1:{stack.admin_port}/admin/policy"
+        reply = httpx.put(url, json={"draft_selection": "tetris", "tetris_min_batch": 1, "tetris_extra": 2}, timeout=30)
+        assert reply.status_code == 200, reply.text
+        assert stream_all(stack) == expected
+        assert stack.health()["drafted_total"] > 0  # type: ignore[index]
     finally:
         stack.stop()
 

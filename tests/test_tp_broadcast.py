@@ -157,6 +157,19 @@ def test_sampled_proposal_sends_probs_after_the_tokens(pair: Pair) -> None:
     assert sent == received == (1, 2)
 
 
+def test_ragged_drafts_send_their_lengths_on_the_host_group(pair: Pair) -> None:
+    """TETRIS-selected drafts: each row's count reaches the follower, which shapes its verify by it."""
+    tokens = draft_tokens(3, 5, seed=6)
+    lengths = [5, 0, 2]
+    for row, n in enumerate(lengths):
+        tokens[row, n:] = -1
+    msg, sent, received = round_trip(pair, KIND_PLAN, small_plan(12), Proposal(tokens, None, lengths=lengths))
+    assert msg.plan == small_plan(12)
+    assert msg.proposal is not None and msg.proposal.lengths == lengths
+    assert torch.equal(msg.proposal.tokens, tokens)
+    assert sent == received == (2, 1)
+
+
 def test_a_plan_larger_than_the_frame_follows_it(pair: Pair) -> None:
     admitted = control_pb2.SeqSpec(seq_id=1, tokens=[100_000 + i for i in range(50_000)])  # 3 bytes a token
     plan = control_pb2.StepPlan(step=10, add=[admitted], verify_batch=[1, 2], k=3, with_drafts=True)

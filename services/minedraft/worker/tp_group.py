@@ -23,7 +23,9 @@ Host frame, one gloo broadcast of HOST_FRAME_SLOTS int64 slots:
 Flags: FLAG_PLAN (a plan was sent, even one that serialises to no bytes), FLAG_DRAFTS (a
 proposal follows on the device group: the tokens as [B, k] int64), FLAG_PROBS (then the draft
 distributions as [B, k, V] float32), FLAG_PLAN_FOLLOWS (a plan too large for the frame follows it
-as `plan byte length` uint8 on the host group), FLAG_AHEAD (rank 0 queued this verify before
+as `plan byte length` uint8 on the host group), FLAG_LENGTHS (the drafts are ragged: each row's draft count
+follows as [B] int64 on the host group, after the plan, since the verify's host side shapes its inputs by them;
+the tokens past a row's count are -1), FLAG_AHEAD (rank 0 queued this verify before
 committing the previous one: the follower does the same), FLAG_DROP (rank 0 dropped the step it had
 queued ahead without committing it: so does the follower).
 """
@@ -57,6 +59,7 @@ FLAG_PLAN = 1
 FLAG_DRAFTS = 2
 FLAG_PROBS = 4
 FLAG_PLAN_FOLLOWS = 8
+FLAG_LENGTHS = 16
 FLAG_AHEAD = 32
 FLAG_DROP = 64
 # A follower may wait for its next step as long as the server idles: a host channel that times out
@@ -108,7 +111,7 @@ def frame_flags(has_plan: bool, nbytes: int, proposal: Proposal | None, ahead: b
     """What the host frame holds and what follows it."""
     flags = FLAG_PLAN * has_plan | FLAG_AHEAD * ahead | FLAG_DROP * drop
     if proposal is not None:
-        flags |= FLAG_DRAFTS | FLAG_PROBS * (proposal.probs is not None)
+        flags |= FLAG_DRAFTS | FLAG_PROBS * (proposal.probs is not None) | FLAG_LENGTHS * (proposal.lengths is not None)
     if HEADER_SLOTS + plan_slots(nbytes) > HOST_FRAME_SLOTS:
         flags |= FLAG_PLAN_FOLLOWS
     return flags
@@ -151,6 +154,9 @@ class StepBroadcast:
         self._bcast(self.host, frame)
         if flags & FLAG_PLAN_FOLLOWS:
             self._bcast(self.host, torch.frombuffer(bytearray(body), dtype=torch.uint8))
+        if flags & FLAG_LENGTHS:
+            assert proposal is not None and proposal.lengths is not None
+            self._bcast(self.host, torch.tensor(proposal.lengths, dtype=torch.int64))
         if proposal is not None:
             self._bcast(self.group, proposal.tokens.to(self.device, torch.int64).contiguous())
         if probs is not None:
@@ -177,10 +183,12 @@ class StepBroadcast:
         elif flags & FLAG_PLAN:
             packed = host[HEADER_SLOTS:HEADER_SLOTS + plan_slots(nbytes)]
             plan = control_pb2.StepPlan.FromString(packed.tobytes()[:nbytes])
+        lengths = self._bcast(self.host, torch.empty(batch, dtype=torch.int64)).tolist() \
+            if flags & FLAG_LENGTHS else None
         proposal = None
         if flags & FLAG_DRAFTS:
             tokens = self._bcast(self.group, torch.empty((batch, k), dtype=torch.int64, device=self.device))
             probs = self._bcast(self.group, torch.empty((batch, k, vocab), dtype=torch.float32, device=self.device)) \
                 if flags & FLAG_PROBS else None
-            proposal = Proposal(tokens, probs)
+            proposal = Proposal(tokens, probs, lengths=lengths)
         return StepMessage(kind, plan, proposal, bool(flags & FLAG_AHEAD), bool(flags & FLAG_DROP))
