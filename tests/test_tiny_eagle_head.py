@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from minedraft.bench.tiny_pair.eagle import TrainingHead, save_head
 from minedraft.bundled import TINY_DRAFT, TINY_EAGLE, TINY_TARGET
+from minedraft.cli.local_stack import free_port
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.eagle_pair import head_beside
 from minedraft.engine.loader import load_model
 from tests.conftest import engine_from_folders
+from tests.test_serve_command import wait_healthy
 
 
 def test_the_engine_runs_the_head_as_it_was_trained(random_pair: tuple[Path, Path], tmp_path: Path) -> None:
@@ -44,3 +50,29 @@ def test_the_bundled_head_is_exact_and_accepts_more_than_the_draft_model() -> No
     assert [r.output_ids for r in runs["eagle"]] == [r.output_ids for r in ar]
     steps = {kind: sum(r.stats.steps for r in reqs) for kind, reqs in runs.items()}
     assert steps["eagle"] <= steps["model"]  # as many tokens in no more target steps
+
+
+@pytest.mark.skipif(not (TINY_EAGLE / "config.json").exists(), reason="bundled head not built")
+def test_serve_runs_the_bundled_head_out_of_the_box() -> None:
+    http_port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minedraft.cli.main", "serve", "--draft-kind", "eagle", "--http-port", str(http_port),
+         "--grpc-port", str(free_port()), "--admin-port", str(free_port()), "--k", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        wait_healthy(http_port, proc)
+        body = {"model": "tiny-target", "prompt": "def main(argv):\n    ", "max_tokens": 40, "temperature": 0,
+                "ignore_eos": True}
+        got = httpx.post(f"http://127.0.0.1:{http_port}/v1/completions", json=body, timeout=120).json()
+        ar = engine_from_folders(TINY_TARGET, None, "ar").generate([body["prompt"]],
+                                                                    SamplingParams(max_tokens=40, ignore_eos=True))
+        assert got["choices"][0]["text"] == ar[0].text
+        status = httpx.get(f"http://127.0.0.1:{http_port}/health", timeout=5).json()
+        assert status["draft_state"] == "drafting" and status["accepted_total"] > 0
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+        assert "draft eagle" in output and proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

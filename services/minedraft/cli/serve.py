@@ -14,9 +14,9 @@ import threading
 
 from minedraft.batch_manager.policy import MODES
 from minedraft.batch_manager.server_flags import DEFAULT_ADMIN_PORT, DEFAULT_DRAIN_GRACE_S, add_prompt_flags
-from minedraft.bundled import TINY_DRAFT, TINY_TARGET
+from minedraft.bundled import TINY_DRAFT, TINY_EAGLE, TINY_TARGET
 from minedraft.cli.local_stack import LocalStack, StackConfig
-from minedraft.worker.settings import env
+from minedraft.worker.settings import DRAFT_KINDS, env
 
 SUPERVISE_EVERY_S = 0.5
 
@@ -24,7 +24,10 @@ SUPERVISE_EVERY_S = 0.5
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="start verifier, draft service and batch manager locally")
     p.add_argument("--target", default=str(TINY_TARGET), help="target model folder (default: bundled tiny)")
-    p.add_argument("--draft", default=str(TINY_DRAFT), help="draft model folder (default: bundled tiny)")
+    p.add_argument("--draft", default="", help="draft model folder, or with --draft-kind eagle the EAGLE head's "
+                                               "(default: the bundled tiny draft model or head)")
+    p.add_argument("--draft-kind", choices=DRAFT_KINDS, default="model",
+                   help="what drafts: a draft model, or an EAGLE head that reads the target's hidden states")
     p.add_argument("--host", default="127.0.0.1", help="where the public APIs listen")
     p.add_argument("--grpc-port", type=int, default=50051)
     p.add_argument("--http-port", type=int, default=8000)
@@ -50,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     stack = LocalStack(StackConfig(
-        target=args.target, draft=args.draft, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+        target=args.target, draft=args.draft or str(TINY_EAGLE if args.draft_kind == "eagle" else TINY_DRAFT),
+        draft_kind=args.draft_kind, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
         admin_port=args.admin_port, target_device=args.target_device, draft_device=args.draft_device,
         mode=args.mode, k=args.k, threads=args.threads, tp_size=args.tp_size, drain_grace_s=args.drain_grace_s,
         api_key=args.api_key, api_key_file=args.api_key_file, enable_prefix_caching=args.enable_prefix_caching,
@@ -68,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     codes: dict[str, int] = {}
     try:
         stack.start()
-        print(f"minedraft is serving (mode {args.mode}, k={args.k}):")
+        print(f"minedraft is serving (mode {args.mode}, k={args.k}, draft {args.draft_kind}):")
         print(f"  gRPC  {args.host}:{args.grpc_port}   (minedraft.v1.Generation, health, reflection)")
         print(f"  HTTP  http://{args.host}:{args.http_port}/v1   (OpenAI-compatible; /health, /v1/models)")
         print(f"  admin http://127.0.0.1:{stack.admin_port}/admin/policy   (live policy)")

@@ -22,6 +22,7 @@ from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.core.validation import validate_k, validate_request
 from minedraft.engine.drafter import Drafter
+from minedraft.engine.eagle_drafter import EagleDrafter
 from minedraft.engine.eagle_pair import capturing_runner, head_beside
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
@@ -193,6 +194,23 @@ class LLMEngine:
             self.running.remove(req)
         self.requests.pop(req.req_id, None)
 
+    def _states_first(self, ids: list[int]) -> None:
+        """An EAGLE head drafts from the target's states, so in one process the target computes a new prompt
+        (all but its last token, which the verify feeds) before the head drafts it, as vLLM's proposer does;
+        the same forwards, in another order. Prompts that want prompt logprobs are left to their first verify."""
+        if not isinstance(self.draft, EagleDrafter):
+            return
+        seqs = self.target.seqs
+        chunks = [(s, seqs[s].length - 1) for s in ids
+                  if seqs[s].cached < seqs[s].length - 1 and seqs[s].params.prompt_logprobs is None]
+        if not chunks:
+            return
+        self.target.prefill(chunks)
+        hidden = self.target.runner.take_hidden([s for s, _ in chunks])
+        assert hidden is not None
+        for (seq_id, _), part in zip(chunks, hidden.split(), strict=True):
+            self.draft.commit(seq_id, [], 0, part)
+
     def step(self) -> list[Request]:
         """One draft+verify (or AR) step over the running batch; returns requests that advanced."""
         self._admit()
@@ -201,6 +219,7 @@ class LLMEngine:
             return []
         batch = list(self.running)
         ids = [r.req_id for r in batch]
+        self._states_first(ids)
         proposal = (propose_selected(self.draft, ids, self.width, self.k * len(ids) if self.width > self.k else 0)
                     if self.draft is not None else None)
         verdict = self.target.verify(ids, proposal)
