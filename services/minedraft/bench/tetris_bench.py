@@ -12,6 +12,7 @@ Writes JSON to --out.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from pathlib import Path
@@ -76,7 +77,12 @@ def run_cell(pair: tuple[CausalLM, CausalLM], args: argparse.Namespace, batch: i
     cell = {"batch": batch, "k": k, "extra": extra, "kind": "ar" if not k else ("tetris" if extra else "fixed"),
             "tokens_per_s": round(emitted / seconds, 1), "accepted_per_verified_token": round(accepted / verified, 4),
             "tokens_per_step": round(emitted / (batch * args.steps), 3), "verified_tokens": verified}
-    return cell, [target.seqs[s].tokens for s in ids]
+    tokens = [target.seqs[s].tokens for s in ids]
+    del target, draft
+    gc.collect()  # the runners' KV caches before the next cell allocates its own (they hold GPU memory)
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return cell, tokens
 
 
 def main(argv: list[str] | None = None) -> int:
