@@ -7,14 +7,14 @@ import json
 import sys
 from dataclasses import replace
 
-from minedraft.cli.options import add_model_flags, add_sampling_flags, sampling_from_args
+from minedraft.cli.options import add_model_flags, add_sampling_flags, draft_folder, sampling_from_args
 from minedraft.core.errors import InvalidRequestError
 from minedraft.core.request import Request
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate text for prompts (AR or speculative)")
-    add_model_flags(p)
+    add_model_flags(p, draft_kind=True)
     add_sampling_flags(p)
     p.add_argument("--mode", choices=("ar", "sd"), default="sd")
     p.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
@@ -61,9 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from minedraft.engine.loader import parse_dtype
 
     config = EngineConfig(
-        mode=args.mode, k=args.k, max_num_seqs=args.max_num_seqs, device=args.device, dtype=parse_dtype(args.dtype)
+        mode=args.mode, k=args.k, max_num_seqs=args.max_num_seqs, device=args.device, dtype=parse_dtype(args.dtype),
+        draft_kind=args.draft_kind,
     )
-    engine = LLMEngine.from_folders(args.target, args.draft, config)
+    engine = LLMEngine.from_folders(args.target, draft_folder(args), config)
     prompts = read_prompts(args)
     base = sampling_from_args(args)
     reqs = [engine.add_request(p, replace(base)) for p in prompts]

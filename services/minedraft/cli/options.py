@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import argparse
 
-from minedraft.bundled import TINY_DRAFT, TINY_TARGET
+from minedraft.bundled import TINY_DRAFT, TINY_EAGLE, TINY_TARGET
 from minedraft.core.sampling_params import SamplingParams
+from minedraft.worker.settings import DRAFT_KINDS
 
 
-def add_model_flags(parser: argparse.ArgumentParser) -> None:
+def add_model_flags(parser: argparse.ArgumentParser, draft_kind: bool = False) -> None:
+    """With draft_kind, also --draft-kind, and --draft defaults to the bundled draft model or head (draft_folder)."""
     parser.add_argument("--target", default=str(TINY_TARGET), help="target model folder (default: bundled tiny)")
-    parser.add_argument("--draft", default=str(TINY_DRAFT), help="draft model folder (default: bundled tiny)")
+    if draft_kind:
+        parser.add_argument("--draft", default="", help="draft model folder, or with --draft-kind eagle the EAGLE "
+                                                        "head's (default: the bundled tiny draft model or head)")
+        parser.add_argument("--draft-kind", choices=DRAFT_KINDS, default="model",
+                            help="what drafts: a draft model, or an EAGLE head that reads the target's hidden states")
+    else:
+        parser.add_argument("--draft", default=str(TINY_DRAFT), help="draft model folder (default: bundled tiny)")
     parser.add_argument("--k", type=int, default=4, help="draft tokens per speculative step")
     parser.add_argument("--device", default="cpu", help="torch device for both models")
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+
+
+def draft_folder(args: argparse.Namespace) -> str:
+    """--draft, or the bundled folder of --draft-kind: the tiny draft model or the tiny EAGLE head."""
+    return args.draft or str(TINY_EAGLE if args.draft_kind == "eagle" else TINY_DRAFT)
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
