@@ -2,8 +2,9 @@
 # minedraft worker for CPU (verifier and draft service; the CPU profile with the bundled tiny pair).
 # torch comes from the PyTorch CPU index (a plain `torch` requirement would pull the CUDA build).
 # Build from the repository root: docker build -f docker/worker-cpu.Dockerfile -t minedraft-worker-cpu .
-# Layout: /opt/minedraft/venv (the package), /opt/minedraft/models/{tiny-target,tiny-draft} (the bundled
-# pair, links into the package; MineDraftDeployment spec.images.bundledModelsDir points here).
+# Layout: /opt/minedraft/venv (the package), /opt/minedraft/models/{tiny-target,tiny-draft,tiny-eagle} (the
+# bundled pair and the pair's EAGLE head, links into the package; MineDraftDeployment
+# spec.images.bundledModelsDir points here).
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
@@ -21,7 +22,7 @@ RUN pip wheel --no-deps --wheel-dir /wheels . \
  && /opt/minedraft/venv/bin/pip install "$(echo /wheels/minedraft-*.whl)[worker]" \
  && /opt/minedraft/venv/bin/python -c "import torch, minedraft.verifier.main, minedraft.draft_service.main; print(torch.__version__)" \
  && mkdir /opt/minedraft/models \
- && /opt/minedraft/venv/bin/python -c "import os, minedraft.bundled as b; [os.symlink(p, f'/opt/minedraft/models/{p.name}') for p in (b.TINY_TARGET, b.TINY_DRAFT)]"
+ && /opt/minedraft/venv/bin/python -c "import os, minedraft.bundled as b; [os.symlink(p, f'/opt/minedraft/models/{p.name}') for p in (b.TINY_TARGET, b.TINY_DRAFT, b.TINY_EAGLE)]"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="minedraft-worker-cpu" \

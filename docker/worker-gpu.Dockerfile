@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 # minedraft worker for NVIDIA GPUs (verifier and draft service): CUDA 13 runtime, torch 2.13 (CUDA 13 build).
 # Build from the repository root: docker build -f docker/worker-gpu.Dockerfile -t minedraft-worker-gpu .
-# Layout: /opt/minedraft/venv (the package), /opt/minedraft/models/{tiny-target,tiny-draft} (the bundled
-# pair, links into the package; MineDraftDeployment spec.images.bundledModelsDir points here).
+# Layout: /opt/minedraft/venv (the package), /opt/minedraft/models/{tiny-target,tiny-draft,tiny-eagle} (the
+# bundled pair and the pair's EAGLE head, links into the package; MineDraftDeployment
+# spec.images.bundledModelsDir points here).
 #
 # One deliberate exception to "no build tools in the final stage": the engine's Triton kernels
 # (paged attention, fused norm/rope/silu) make Triton compile a small C launcher with the
@@ -29,7 +30,7 @@ RUN python3 -m venv /opt/minedraft/venv \
  && /opt/minedraft/venv/bin/pip install "$(echo /wheels/minedraft-*.whl)[worker]" \
  && /opt/minedraft/venv/bin/python -c "import torch, triton, minedraft.verifier.main; print(torch.__version__, torch.version.cuda)" \
  && mkdir /opt/minedraft/models \
- && /opt/minedraft/venv/bin/python -c "import os, minedraft.bundled as b; [os.symlink(p, f'/opt/minedraft/models/{p.name}') for p in (b.TINY_TARGET, b.TINY_DRAFT)]"
+ && /opt/minedraft/venv/bin/python -c "import os, minedraft.bundled as b; [os.symlink(p, f'/opt/minedraft/models/{p.name}') for p in (b.TINY_TARGET, b.TINY_DRAFT, b.TINY_EAGLE)]"
 
 FROM ${CUDA_IMAGE}
 LABEL org.opencontainers.image.title="minedraft-worker-gpu" \

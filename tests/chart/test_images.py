@@ -76,6 +76,23 @@ def test_images_hold_the_bundled_pair_where_the_crd_expects_it(name: str) -> Non
     assert "default: /opt/minedraft/models" in crd
 
 
+@pytest.mark.parametrize("name", ["worker-cpu", "worker-gpu"])
+def test_worker_images_link_every_model_the_crd_may_name_as_bundled(name: str) -> None:
+    """Each name of the CRD's bundled enum (the tiny pair and its EAGLE head) is a folder the worker image
+    links into bundledModelsDir, from the package's own assets, which the build context keeps."""
+    import minedraft.bundled as bundled
+    from minedraft_operator.crds.common import BUNDLED_MODELS
+
+    build_run = " ".join(stages(name)[0].args("RUN"))
+    linked = re.search(r"for p in \(([^)]*)\)\]", build_run)
+    assert linked, build_run
+    folders = [getattr(bundled, ref.strip().removeprefix("b.")) for ref in linked.group(1).split(",")]
+    assert sorted(f.name for f in folders) == sorted(BUNDLED_MODELS)
+    for folder in folders:
+        assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file(), folder
+        assert not dockerignore_excludes(str(folder.relative_to(ROOT) / "model.safetensors")), folder
+
+
 def test_wheel_globs_expand() -> None:
     """A glob followed by a quoted extra ("...-*.whl"[x]) never matches: pip gets a literal '*'."""
     for name in IMAGES:

@@ -127,6 +127,11 @@ MDD_INVALID = [
     ("negative batched tokens", _set("spec.batchManager.maxNumBatchedTokens", -1), "less than the minimum"),
     ("batched tokens below 16", _set("spec.batchManager.maxNumBatchedTokens", 8), "or at least 16"),
     ("prefix caching not a boolean", _set("spec.batchManager.prefixCaching", "yes"), "is not of type 'boolean'"),
+    ("bundled head, kind model", _set("spec.draft.model", {"bundled": "tiny-eagle"}), "tiny-eagle needs kind eagle"),
+    ("bundled model, kind eagle", _set("spec.draft", {"kind": "eagle", "model": {"bundled": "tiny-draft"}}),
+     "with kind eagle must be the head tiny-eagle"),
+    ("bundled head as target", _set("spec.target.model", {"bundled": "tiny-eagle"}), "it is no target"),
+    ("unknown bundled model", _set("spec.draft.model", {"bundled": "tiny-medusa"}), "is not one of"),
 ]
 
 POLICY_INVALID = [

@@ -12,7 +12,8 @@ from minedraft_operator.crds.schema import (
     string,
 )
 
-BUNDLED_MODELS = ("tiny-target", "tiny-draft")
+BUNDLED_MODELS = ("tiny-target", "tiny-draft", "tiny-eagle")
+BUNDLED_HEAD = "tiny-eagle"  # an EAGLE head for tiny-target: only draft.model with draft.kind eagle
 DTYPES = ("bfloat16", "float16", "float32")
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
@@ -39,7 +40,8 @@ def model_source(role: str) -> Schema:
                 required=["path"],
             ),
             "bundled": string(
-                "A tiny model shipped inside the worker image (CPU profile, float32): tiny-target or tiny-draft.",
+                "A tiny model shipped inside the worker image (CPU profile, float32): tiny-target or tiny-draft, or "
+                f"as draft.model with draft.kind eagle {BUNDLED_HEAD}, an EAGLE head for tiny-target.",
                 enum=BUNDLED_MODELS,
             ),
         },

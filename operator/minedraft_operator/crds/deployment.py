@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from minedraft_operator.crds.common import (
+    BUNDLED_HEAD,
     DNS_LABEL,
     dtype,
     model_source,
@@ -51,6 +52,9 @@ def _target() -> Schema:
             "resources": resources("each verifier container"),
         },
         required=["model"],
+        rules=[rule(f"!has(self.model.bundled) || self.model.bundled != '{BUNDLED_HEAD}'",
+                    f"{BUNDLED_HEAD} is an EAGLE head: it drafts (draft.model with kind eagle), it is no target",
+                    field_path=".model.bundled")],
     )
 
 
@@ -68,6 +72,10 @@ def _draft() -> Schema:
                             "SD) while the draft service is lost, instead of decoding without drafts; it needs GPU "
                             "memory for the draft's weights and KV cache beside the target's.", default=False)},
         required=["model"],
+        rules=[rule(f"!has(self.model.bundled) || (self.model.bundled == '{BUNDLED_HEAD}') == "
+                    "(has(self.kind) && self.kind == 'eagle')",
+                    f"a bundled draft with kind eagle must be the head {BUNDLED_HEAD}, and {BUNDLED_HEAD} needs "
+                    "kind eagle", field_path=".model.bundled")],
     )
 
 
@@ -119,8 +127,8 @@ def _images() -> Schema:
             "pullPolicy": string("imagePullPolicy of all containers.", enum=("Always", "IfNotPresent", "Never"),
                                  default="IfNotPresent"),
             "pullSecrets": array("Names of image pull secrets.", string("A Secret name.", pattern=DNS_LABEL)),
-            "bundledModelsDir": string("Folder inside the worker image holding the bundled tiny-target and "
-                                       "tiny-draft folders.", default="/opt/minedraft/models", pattern=r"^/.*$"),
+            "bundledModelsDir": string("Folder inside the worker image holding the bundled tiny-target, tiny-draft "
+                                       "and tiny-eagle folders.", default="/opt/minedraft/models", pattern=r"^/.*$"),
         },
         required=["worker", "batchManager"],
     )
