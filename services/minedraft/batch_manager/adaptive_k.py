@@ -3,8 +3,9 @@
 Two measurements drive it, both from what the workers already report:
 - acceptance by position: p[i] = P(draft i+1 is accepted | drafts 1..i were), counted from every
   verdict (a sequence that accepted n of k drafts tried positions 1..min(n+1, k) and passed the
-  first n), with old evidence decaying so the estimate follows the traffic; and each running
-  sequence's own acceptance, since sequences differ (its p[i] is the pooled one scaled by its ratio);
+  first n; under TETRIS k is the row's own verified length), with old evidence decaying so the
+  estimate follows the traffic; and each running sequence's own acceptance, since sequences
+  differ (its p[i] is the pooled one scaled by its ratio);
 - step costs: the draft service's and the verifier's compute time per step (step_costs.py: a
   draft's by k and batch size, a verify's by the tokens it checks, b(k + 1)).
 Expected tokens per sequence per verify with k drafts is E(k) = 1 + sum_{i<=k} prod_{j<=i} p[j]; in
@@ -71,21 +72,27 @@ class AdaptiveK:
             self.passed += [0.0] * grow
             self.tried += [0.0] * grow
 
-    def observe_verdicts(self, drafted: int, accepted: Sequence[int], seq_ids: Sequence[int] = ()) -> None:
+    def observe_verdicts(self, drafted: int, accepted: Sequence[int], seq_ids: Sequence[int] = (),
+                         lengths: Sequence[int] | None = None) -> None:
         """One verify step: each sequence carried `drafted` drafts and accepted the given number
-        (`seq_ids`, when given, name them in the same order)."""
+        (`seq_ids`, when given, name them in the same order). `lengths` (TETRIS: each row verified its own
+        number of drafts, 0..k + extra) replace `drafted` row by row: a row of length L was judged at positions
+        1..min(n + 1, L) only, and accepting all L stops there; a row of length 0 judged none, and counts nothing."""
         if drafted <= 0:
             return
-        for seq_id, n in zip(seq_ids, accepted, strict=False):
+        rows = [drafted] * len(accepted) if lengths is None else lengths
+        for seq_id, n, length in zip(seq_ids, accepted, rows, strict=False):
             own = self.by_seq.get(seq_id)  # a sequence retired since has no entry, and gets none
             if own is not None:
                 own[0] += n
-                own[1] += min(n + 1, drafted)
-        for n in accepted:
+                own[1] += min(n + 1, length)
+        for n, length in zip(accepted, rows, strict=True):
+            if length <= 0:
+                continue
             for i in range(len(self.tried)):
                 self.passed[i] *= DECAY
                 self.tried[i] *= DECAY
-            for i in range(min(n + 1, drafted, len(self.tried))):
+            for i in range(min(n + 1, length, len(self.tried))):
                 self.tried[i] += 1.0
                 self.passed[i] += 1.0 if i < n else 0.0
 

@@ -157,11 +157,12 @@ class PlanK:
         return self.by_step.get(step - 1, 0)
 
     def on_verify(self, step: int, drafted: int, accepted: list[int], compute_ms: float | None,
-                  seq_ids: Sequence[int] = ()) -> None:
+                  seq_ids: Sequence[int] = (), lengths: Sequence[int] | None = None) -> None:
         """`compute_ms`: None when the step's time says nothing of its k (it captured a CUDA graph);
-        `seq_ids`: the verified sequences, in the order of `accepted`."""
+        `seq_ids`: the verified sequences, in the order of `accepted`; `lengths`: the drafts each verified,
+        when TETRIS selected them (the verify still checked about b(k + 1) tokens, so its cost stays k's)."""
         if self.adaptive is not None and drafted > 0 and accepted:
-            self.adaptive.observe_verdicts(drafted, accepted, seq_ids)
+            self.adaptive.observe_verdicts(drafted, accepted, seq_ids, lengths)
             if compute_ms is None:
                 return
             if self.fused():

@@ -195,9 +195,10 @@ class StepDriver(WorkerRecovery):
         drafted, kind = self._drafted_at.pop(event.step, (0, "ar"))
         self.observer.verify_done(event, kind, wall_ms)
         drafted = 0 if event.data_plane_lost else drafted  # lost: the verifier judged this step without drafts
+        lengths = list(event.verdicts.drafted) if drafted and event.verdicts.drafted else None  # TETRIS: per row
         self.k_plan.on_verify(event.step, drafted, list(event.verdicts.accepted), cost_ms(event.timing),
-                              list(event.verdicts.seq_ids))
-        self._apply_verdicts(event.verdicts, drafted, event.step)
+                              list(event.verdicts.seq_ids), lengths)
+        self._apply_verdicts(event.verdicts, drafted, event.step, lengths)
         if event.data_plane_lost:
             self.draft.lost()
         if event.error:
@@ -206,20 +207,23 @@ class StepDriver(WorkerRecovery):
             self.sched.restart_drafting()
         self._wake.set()
 
-    def _apply_verdicts(self, verdicts: control_pb2.Verdicts, drafted: int, step: int) -> None:
-        self.counters.add_verdicts(verdicts.counts, verdicts.accepted, drafted)
+    def _apply_verdicts(self, verdicts: control_pb2.Verdicts, drafted: int, step: int,
+                        lengths: list[int] | None = None) -> None:
+        self.counters.add_verdicts(verdicts.counts, verdicts.accepted, drafted, lengths)
         self.observer.verdicts(drafted, verdicts.accepted)
         now = time.perf_counter()
         offset = 0
         logprobs = VerdictLogprobs(verdicts, self.requests)
-        for seq_id, count, accepted in zip(verdicts.seq_ids, verdicts.counts, verdicts.accepted, strict=True):
+        rows = lengths or [drafted] * len(verdicts.seq_ids)
+        for seq_id, count, accepted, carried in zip(verdicts.seq_ids, verdicts.counts, verdicts.accepted, rows,
+                                                    strict=True):
             tokens = list(verdicts.tokens[offset : offset + count])
             offset += count
             req = self.requests.get(seq_id)
             if req is None or req.finished:
                 continue
             req.stats.steps += 1
-            req.stats.drafted += drafted
+            req.stats.drafted += carried
             req.stats.accepted += accepted
             kept = req.append_tokens(tokens, self.eos_ids, self.tokenizer, logprobs.of(req, tokens))
             self.observer.tokens_verified(req, kept, req.stats.note_tokens(now, step) if kept else None)

@@ -48,11 +48,13 @@ class Counters:
         weight = max(1.0 / self.recent_samples, 0.05)
         self.recent_tokens_per_seq += weight * (count - self.recent_tokens_per_seq)
 
-    def add_verdicts(self, counts: Sequence[int], accepted: Sequence[int], drafted: int) -> None:
-        """One verify step's totals; `drafted` is the drafts each sequence carried (0: AR)."""
+    def add_verdicts(self, counts: Sequence[int], accepted: Sequence[int], drafted: int,
+                     lengths: Sequence[int] | None = None) -> None:
+        """One verify step's totals; `drafted` is the drafts each sequence carried (0: AR), `lengths` the
+        drafts each verified when TETRIS selected them."""
         self.tokens += sum(counts)
         self.seq_verifies += len(counts)
-        self.drafted += drafted * len(counts)
+        self.drafted += drafted * len(counts) if lengths is None else sum(lengths)
         self.accepted += sum(accepted)
         if drafted:
             for count in counts:

@@ -156,7 +156,7 @@ class VerifierExecutor(PlaneOwner):
             if here and self.launch_ahead:  # the next drafts go right behind the verify (colocated_ahead.py)
                 self.colocated.draft_ahead(plan, ids, proposal, verdict)  # type: ignore[union-attr]
             self._launch_next(plan, ids, event, readback, None if plan.with_drafts else verdict.tokens)
-            self._commit(ids, readback, event, hidden)
+            self._commit(ids, readback, event, hidden, proposal.lengths if proposal is not None else None)
         else:
             if self.followers is not None:
                 self.followers.send(KIND_PLAN, plan, None, drop=dropped)
@@ -171,8 +171,8 @@ class VerifierExecutor(PlaneOwner):
         return self._report(event)
 
     def _commit(self, ids: list[int], readback: Readback, event: control_pb2.WorkerEvent,
-                hidden: HiddenRows | None = None) -> None:
-        """Read the verdict back, commit it, and put it in the event."""
+                hidden: HiddenRows | None = None, lengths: list[int] | None = None) -> None:
+        """Read the verdict back, commit it, and put it in the event (`lengths`: TETRIS's per-row draft counts)."""
         self.verified_count += 1
         timing = event.timing
         with timed(timing, "compute_ms"), StallWatch.around(self.stall, "rank 0's verify"):
@@ -182,6 +182,7 @@ class VerifierExecutor(PlaneOwner):
         event.verdicts.seq_ids.extend(ids)
         event.verdicts.counts.extend(counts)
         event.verdicts.accepted.extend(accepted_list)
+        event.verdicts.drafted.extend(lengths or ())  # adaptive k counts acceptance over the drafts rows verified
         if self.colocated is not None:
             with timed(timing, "control_ms"):
                 self.colocated.commit(ids, rows, accepted_list, hidden)
@@ -276,9 +277,8 @@ class VerifierExecutor(PlaneOwner):
                 event.data_plane_lost = True
                 self.drafts_pending = False
 
-    def _send_verdict(
-        self, payload: VerdictPayload, timing: control_pb2.StepTiming, event: control_pb2.WorkerEvent
-    ) -> None:
+    def _send_verdict(self, payload: VerdictPayload, timing: control_pb2.StepTiming,
+                      event: control_pb2.WorkerEvent) -> None:
         try:
             with timed(timing, "send_ms"):
                 self.plane.send_verdict(payload)
