@@ -14,7 +14,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from minedraft.cli.local_stack import LocalStack
+from minedraft.batch_manager.config import ManagerConfig
+from minedraft.batch_manager.coordinator import Coordinator
+from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
+from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer as EngineTokenizer
 from minedraft.engine.drafter import Drafter
 from minedraft.engine.llm_engine import EngineConfig, LLMEngine
@@ -130,6 +133,41 @@ def start_workers(stack: LocalStack, timeout: float = 120.0) -> LocalStack:
     for port in (stack.target_port, stack.draft_port):
         wait_until(lambda port=port: _answers(port), timeout=timeout)
     return stack
+
+
+def pair_stack(target: Path, draft: Path, log_dir: Path, colocated: bool) -> LocalStack:
+    """The verifier over `target` and the draft service over `draft`, or (`colocated`) a verifier that loads
+    `draft` and drafts itself, without a draft service; the batch manager is the test's own (`serve_requests`)."""
+    env = {"verifier": {"MINEDRAFT_COLOCATED_DRAFT": str(draft)}} if colocated else {}
+    stack = LocalStack(StackConfig(target=str(target), draft=str(draft), grpc_port=free_port(),
+                                   http_port=free_port(), num_blocks=512, log_dir=log_dir, process_env=env))
+    stack.start_verifier()
+    if not colocated:
+        stack.start_draft()
+    return stack
+
+
+async def serve_requests(stack: LocalStack, tokenizer_dir: Path, config: ManagerConfig, colocated: bool,
+                         requests: list[tuple[list[int], SamplingParams, str | None]],
+                         watch: Callable[[Coordinator], None] | None = None) -> tuple[list[list], dict]:
+    """Each (prompt, params, share_prompt) through a Coordinator in this process over `pair_stack`'s workers, once
+    drafting; their chunks and the final status. `watch` sees the coordinator before it starts."""
+    draft = None if colocated else f"127.0.0.1:{stack.draft_port}"
+    coordinator = Coordinator.over_grpc(EngineTokenizer(tokenizer_dir), "t", f"127.0.0.1:{stack.target_port}", draft,
+                                        config)
+    if watch is not None:
+        watch(coordinator)
+    await coordinator.start(connect_timeout=120)
+    while coordinator.status()["draft_state"] != "drafting":  # the data plane forms after start
+        await asyncio.sleep(0.05)
+
+    async def one(prompt: list[int], params: SamplingParams, share: str | None) -> list:
+        return [chunk async for chunk in coordinator.generate(prompt, params, "r", share_prompt=share)]
+
+    try:
+        return await asyncio.gather(*(one(*r) for r in requests)), coordinator.status()
+    finally:
+        await coordinator.stop()
 
 
 def _answers(port: int) -> bool:

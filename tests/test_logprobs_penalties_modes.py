@@ -17,12 +17,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minedraft.batch_manager.config import ManagerConfig
-from minedraft.batch_manager.coordinator import Coordinator
-from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
 from minedraft.core.logprobs import TokenLogprob
 from minedraft.core.sampling_params import SamplingParams
-from minedraft.core.tokenizer import Tokenizer
-from tests.conftest import engine_from_folders
+from tests.conftest import engine_from_folders, pair_stack, serve_requests
 
 EOS = 1  # the test tokenizer's end token
 PROMPTS = [[5, 17, 33, 8, 60, 2, 9], [44, 3], [12, 12, 12, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83]]
@@ -126,49 +123,22 @@ def test_processed_logprobs_are_the_sampled_distribution(random_pair, hf) -> Non
 # ----- the services: PSD and the colocated verifier ------------------------------------------------------
 
 
-def start_workers(random_pair, tmp_path: Path, colocated: bool) -> LocalStack:
-    """The draft is the target's own folder: its unprocessed drafts are accepted until a penalty, bias or mask
-    changes the target's choice, so accepted runs, rejections and bonus tokens all occur."""
-    target = draft = random_pair[0]
-    env = {"verifier": {"MINEDRAFT_COLOCATED_DRAFT": str(draft)}} if colocated else {}
-    stack = LocalStack(StackConfig(target=str(target), draft=str(draft), grpc_port=free_port(),
-                                   http_port=free_port(), num_blocks=512, log_dir=tmp_path, process_env=env))
-    stack.start_verifier()
-    if not colocated:
-        stack.start_draft()
-    return stack
-
-
-async def serve_all(stack: LocalStack, tokenizer_dir: Path, colocated: bool,
-                    requests: list[tuple[list[int], SamplingParams]]) -> tuple[list[list], dict]:
-    draft = None if colocated else f"127.0.0.1:{stack.draft_port}"
-    coordinator = Coordinator.over_grpc(Tokenizer(tokenizer_dir), "t", f"127.0.0.1:{stack.target_port}", draft,
-                                        ManagerConfig(mode="sd" if colocated else "psd", k=3))
-    await coordinator.start(connect_timeout=120)
-    while coordinator.status()["draft_state"] != "drafting":  # the data plane forms after start
-        await asyncio.sleep(0.05)
-
-    async def one(prompt: list[int], params: SamplingParams) -> list:
-        return [chunk async for chunk in coordinator.generate(prompt, params, "r")]
-
-    try:
-        results = await asyncio.gather(*(one(pr, p) for pr, p in requests))
-        return results, coordinator.status()
-    finally:
-        await coordinator.stop()
-
-
 @pytest.mark.parametrize("colocated", [False, True], ids=["psd", "sd-colocated"])
 def test_services_logprobs_and_penalties_match_the_oracle(random_pair, hf, tmp_path: Path, colocated: bool) -> None:
-    requests = [(pr, SamplingParams(max_tokens=14, logprobs=3, prompt_logprobs=1, ignore_eos=True)) for pr in PROMPTS]
-    requests += [(pr, SamplingParams(max_tokens=12, **extra)) for extra in PENALTIES for pr in PROMPTS[:2]]
-    requests += [(pr, SamplingParams(max_tokens=10, ignore_eos=True)) for pr in PROMPTS]  # plain rows beside them
-    stack = start_workers(random_pair, tmp_path, colocated)
+    """The draft is the target's own folder: its unprocessed drafts are accepted until a penalty, bias or mask
+    changes the target's choice, so accepted runs, rejections and bonus tokens all occur."""
+    requests = [(pr, SamplingParams(max_tokens=14, logprobs=3, prompt_logprobs=1, ignore_eos=True), None)
+                for pr in PROMPTS]
+    requests += [(pr, SamplingParams(max_tokens=12, **extra), None) for extra in PENALTIES for pr in PROMPTS[:2]]
+    requests += [(pr, SamplingParams(max_tokens=10, ignore_eos=True), None) for pr in PROMPTS]  # plain rows beside
+    stack = pair_stack(random_pair[0], random_pair[0], tmp_path, colocated)
+    config = ManagerConfig(mode="sd" if colocated else "psd", k=3)
     try:
-        results, status = asyncio.run(asyncio.wait_for(serve_all(stack, random_pair[0], colocated, requests), 240))
+        results, status = asyncio.run(asyncio.wait_for(
+            serve_requests(stack, random_pair[0], config, colocated, requests), 240))
     finally:
         stack.stop()
-    for (prompt, params), chunks in zip(requests, results, strict=True):
+    for (prompt, params, _), chunks in zip(requests, results, strict=True):
         output = [t for c in chunks for t in c.token_ids]
         if params.logprobs is not None:
             check_logprobs(hf, prompt, output, [e for c in chunks for e in c.logprobs or []], 3)

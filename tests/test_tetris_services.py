@@ -4,6 +4,7 @@ n > 1 (siblings sharing a prompt) on, while rows are verified to ragged depths."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,8 @@ import pytest
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
-from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
 from minedraft.core.sampling_params import SamplingParams
-from minedraft.core.tokenizer import Tokenizer
-from tests.conftest import engine_from_folders
+from tests.conftest import engine_from_folders, pair_stack, serve_requests
 from tests.test_logprobs_penalties_modes import PENALTIES, PROMPTS
 
 
@@ -28,38 +27,29 @@ def requests() -> list[tuple[list[int], SamplingParams, str | None]]:
     return out
 
 
-async def serve(stack: LocalStack, folder: Path, mode: str, colocated: bool,
-                reqs: list[tuple[list[int], SamplingParams, str | None]]) -> tuple[list[list], dict]:
-    draft = None if colocated else f"127.0.0.1:{stack.draft_port}"
-    config = ManagerConfig(mode=mode, k=2, draft_selection="tetris", tetris_extra=3, tetris_min_batch=1)
-    coordinator = Coordinator.over_grpc(Tokenizer(folder), "t", f"127.0.0.1:{stack.target_port}", draft, config)
-    await coordinator.start(connect_timeout=120)
-    while coordinator.status()["draft_state"] != "drafting":
-        await asyncio.sleep(0.05)
-
-    async def one(prompt: list[int], params: SamplingParams, share: str | None) -> list:
-        return [chunk async for chunk in coordinator.generate(prompt, params, "r", share_prompt=share)]
-
-    try:
-        return await asyncio.gather(*(one(*r) for r in reqs)), coordinator.status()
-    finally:
-        await coordinator.stop()
-
-
 @pytest.mark.parametrize(("mode", "colocated"), [("psd", False), ("sd", False), ("sd", True)],
                          ids=["psd", "sd", "sd-colocated"])
 @pytest.mark.skipif(not (TINY_TARGET / "config.json").exists(), reason="bundled pair not built")
 def test_tetris_services_equal_ar(tmp_path: Path, mode: str, colocated: bool) -> None:
     target, draft = TINY_TARGET, TINY_DRAFT  # a trained pair: its draft's confidence differs from row to row
     reqs = requests()
-    env = {"verifier": {"MINEDRAFT_COLOCATED_DRAFT": str(draft)}} if colocated else {}
-    stack = LocalStack(StackConfig(target=str(target), draft=str(draft), grpc_port=free_port(),
-                                   http_port=free_port(), num_blocks=512, log_dir=tmp_path, process_env=env))
-    stack.start_verifier()
-    if not colocated:
-        stack.start_draft()
+    config = ManagerConfig(mode=mode, k=2, draft_selection="tetris", tetris_extra=3, tetris_min_batch=1)
+    seen: list[list[int] | None] = []  # each verify's per-row draft counts, as the step driver hands them on
+
+    def watch(coordinator: Coordinator) -> None:
+        plan_k = coordinator.driver.k_plan
+        on_verify = plan_k.on_verify
+
+        def spy(step: int, drafted: int, accepted: list[int], compute_ms: float | None, seq_ids: Sequence[int] = (),
+                lengths: Sequence[int] | None = None) -> None:
+            seen.append(None if lengths is None else list(lengths))
+            on_verify(step, drafted, accepted, compute_ms, seq_ids, lengths)
+        plan_k.on_verify = spy  # type: ignore[method-assign]
+
+    stack = pair_stack(target, draft, tmp_path, colocated)
     try:
-        results, status = asyncio.run(asyncio.wait_for(serve(stack, target, mode, colocated, reqs), 240))
+        results, status = asyncio.run(asyncio.wait_for(serve_requests(stack, target, config, colocated, reqs, watch),
+                                                       240))
     finally:
         stack.stop()
     ar = engine_from_folders(target, None, "ar", block_size=16, num_blocks=1024).generate(
@@ -71,3 +61,6 @@ def test_tetris_services_equal_ar(tmp_path: Path, mode: str, colocated: bool) ->
             assert [e.token_id for e in got] == [e.token_id for e in ref.logprobs]
             assert [e.logprob for e in got] == pytest.approx([e.logprob for e in ref.logprobs], abs=1e-4)
     assert status["accepted_total"] > 0
+    ragged = [lengths for lengths in seen if lengths]  # the verifier reports each row's count with the verdict
+    assert ragged and any(len(set(lengths)) > 1 for lengths in ragged)
+    assert all(0 <= n <= 2 + 3 for lengths in ragged for n in lengths)
