@@ -26,8 +26,8 @@ COMPUTE_BOUND = 0.05  # verifying the extra drafts too would cost this much more
 
 
 def extra_drafts(config: ManagerConfig) -> int:
-    """Drafts per sequence beyond k that a plan may carry (what KV admission must reserve)."""
-    return config.tetris_extra if config.draft_selection == "tetris" else 0
+    """Drafts per sequence beyond k that a plan may carry (what KV admission must reserve; AR drafts none)."""
+    return config.tetris_extra if config.draft_selection == "tetris" and config.mode != "ar" else 0
 
 
 def verify_bound(adaptive: AdaptiveK | None, batch: int, k: int, extra: int) -> bool:
