@@ -47,7 +47,9 @@ async def test_create_change_and_prune(kmock, gpu_mdd) -> None:
 
         await eventually(lambda: deployment_with(["verifier", "verifier-tp1", "draft", "batch-manager"]),
                          what="the deployment")
-        service = await k.get("v1", "services", NS, "llama-70b")
+        # The owned objects are applied one after another: the last of them may still be on its way.
+        await eventually(lambda: k.get(*PDB, NS, "llama-70b"), what="the disruption budget")
+        service = await eventually(lambda: k.get("v1", "services", NS, "llama-70b"), what="the service")
         assert [p["port"] for p in service["spec"]["ports"]] == [50051, 8000]
         (template,) = await k.list(*RCT, NS)
         assert template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 3
