@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call on one H200 that checks the engine and measures what the engine-step, FP8 and TETRIS
-# pages report, inside a deadline: the GPU suite (kernels whose code is unchanged can be skipped), the
+# Checks the engine on a GPU machine and measures what the engine-step, FP8 and TETRIS pages report,
+# inside a deadline: the GPU suite (kernels whose code is unchanged can be skipped), the
 # engine-step table in bf16 and FP8 (GPU time, whole time, bound, host phases), then TETRIS against fixed k
 # and AR on the synthetic 8B pair. Each stage gets what is left of DEADLINE (seconds, default 540).
 # Usage on the device machine, from the repository root (carry `.whl` and `services/minedraft/proto`):
@@ -13,10 +13,7 @@ START=$(date +%s)
 DEADLINE="${DEADLINE:-540}"
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
 say() { echo "[checks $(( $(date +%s) - START ))s] $*" | tee -a "$OUTDIR/checks.log"; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { say "wheel install failed"; exit 3; }
-export PYTHONPATH="/tmp/site:$PWD/services:$PWD"
+source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$OUTDIR/checks.log" 2>&1
 
 IGNORE=()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call on one H200: tune the FP8 GEMM tiles, prove the table (every row's bits the same at
+# On a GPU machine (Hopper): tune the FP8 GEMM tiles, prove the table (every row's bits the same at
 # every M), run the FP8 GPU tests and the FP8 probe with exactly that table.
 # Usage on the device machine, from the repository root (carry `.whl` and `services/minedraft/proto`):
 #   bash scripts/device_fp8.sh OUTDIR
@@ -14,15 +14,10 @@ START=$(date +%s)
 DEADLINE="${FP8_DEADLINE:-215}"
 left() { echo $(( DEADLINE - ($(date +%s) - START) )); }
 clamp() { local v=$1; (( v > $2 )) && v=$2; (( v < 1 )) && v=1; echo "$v"; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 LOG="$OUTDIR/fp8.log"
 : > "$LOG"
 say() { echo "[fp8 $(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { say "wheel install failed"; exit 3; }
-fi
-export PYTHONPATH="/tmp/site:$PWD/services:$PWD"
+source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv >> "$LOG" 2>&1
 
 # 1. tune and check bit identity (the tuner drops a shape whose rows differ across M and exits 1)

@@ -1,17 +1,13 @@
 #!/usr/bin/env bash
-# One device call on one H200: the engine-step table (GPU time, whole time, bound, host phases) through
+# On a GPU machine: the engine-step table (GPU time, whole time, bound, host phases) through
 # `minedraft bench gpu --step-only`, optionally after GPU tests.
 # Usage on the device machine, from the repository root (carry `.whl` and `services/minedraft/proto`):
 #   bash scripts/device_step_profile.sh [extra `minedraft bench gpu` flags]
 # TESTS="tests/gpu/test_capture_ahead_on_cuda.py ..." runs those GPU tests first (default: none).
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/device_out}"
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || { echo "wheel install failed"; exit 3; }
-SRC="${SRC:-$PWD/services}"  # the tree to run (a snapshot of it may be carried instead)
-export PYTHONPATH="/tmp/site:$SRC:$PWD"
+source scripts/device_env.sh  # SRC: the tree to run (a snapshot of it may be carried instead)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 if [ -n "${TESTS:-}" ]; then

@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# TETRIS (issue 31 part 4) in one device call on one H200: the GPU tests of the ragged path, then TETRIS
+# TETRIS on a GPU machine: the GPU tests of the ragged path, then TETRIS
 # against fixed k and AR at batch 16/32/64 on the synthetic 8B pair (in-process SD colocated:
 # bench/tetris_bench.py), writing JSON under $OUT. The goal: at batch 64, TETRIS >= AR and >= the best fixed k.
 # Usage on the device machine, repository root, carrying `.whl` and `services/minedraft/proto`:
 #   bash scripts/device_tetris.sh        # ENGINE_TESTS=0 skips the tests; KS, BATCHES, STEPS override the grid
 set -uo pipefail
-export PYTHONUNBUFFERED=1
 OUT="${OUT:-$PWD/device_out}"
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || { echo "wheels"; exit 3; }
-export PYTHONPATH="/tmp/site:$PWD/services:$PWD"
+source scripts/device_env.sh
 if [ "${ENGINE_TESTS:-1}" = 1 ]; then
   timeout 240 python3 -m pytest -rs -p no:cacheprovider tests/gpu/test_tetris_on_cuda.py tests/gpu/test_engine_on_cuda.py \
     > "$OUT/tetris_tests.txt" 2>&1

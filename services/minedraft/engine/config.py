@@ -146,13 +146,17 @@ def model_config_from_dict(raw: dict[str, Any]) -> ModelConfig:
     return cfg
 
 
-def load_model_config(folder: str | Path) -> ModelConfig:
-    """Read and validate `config.json` from a model folder."""
+def read_config_json(folder: str | Path, kind: str = "a Hugging Face model folder") -> dict:
+    """A folder's `config.json` as a dict, or a ModelLoadError saying what is wrong with it."""
     path = Path(folder) / "config.json"
     if not path.is_file():
-        raise ModelLoadError(f"{folder}: no config.json found (is this a Hugging Face model folder?)")
+        raise ModelLoadError(f"{folder}: no config.json found (is this {kind}?)")
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ModelLoadError(f"{path}: not valid JSON ({exc})") from exc
-    return model_config_from_dict(raw)
+
+
+def load_model_config(folder: str | Path) -> ModelConfig:
+    """Read and validate `config.json` from a model folder."""
+    return model_config_from_dict(read_config_json(folder))

@@ -10,13 +10,12 @@ The layout is told from the config alone, so a wrong folder fails before any wei
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from minedraft.core.errors import ModelLoadError
-from minedraft.engine.config import ModelConfig, model_config_from_dict
+from minedraft.engine.config import ModelConfig, model_config_from_dict, read_config_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +90,4 @@ def eagle_config_from_dict(raw: dict[str, Any], target: ModelConfig) -> EagleCon
 
 
 def load_eagle_config(folder: str | Path, target: ModelConfig) -> EagleConfig:
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise ModelLoadError(f"{folder}: no config.json found (is this an EAGLE head folder?)")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{path}: not valid JSON ({exc})") from exc
-    return eagle_config_from_dict(raw, target)
+    return eagle_config_from_dict(read_config_json(folder, "an EAGLE head folder"), target)
