@@ -4,7 +4,8 @@ Field map (contract.md): mode -> mode, k.initial -> k (in auto: k.max, the most 
 choose), k.min -> k_min (auto chooses within k_min..k), batching.maxSequencesPerBatch x 2 ->
 max_num_seqs (the batch manager caps both batches together), batching.pipelineDepth ->
 pipeline_depth, batching.rebalanceThreshold -> rebalance_threshold,
-fallback.onLowAcceptance.{minTokensPerStep, probeSteps} -> auto_{min_tokens_per_step, probe_steps}.
+fallback.onLowAcceptance.{minTokensPerStep, probeSteps} -> auto_{min_tokens_per_step, probe_steps},
+draftSelection.{strategy, extraDrafts, minBatch} -> draft_selection, tetris_extra, tetris_min_batch.
 batching.strategy and fallback.onDraftFailure have one possible behaviour today and are not sent.
 """
 
@@ -28,7 +29,7 @@ def _spec_schema() -> dict[str, Any]:
 def policy_body(policy_spec: dict[str, Any] | None) -> dict[str, Any]:
     """The admin body for a policy spec (None: the defaults of an empty SpeculationPolicy)."""
     spec = apply_defaults(_spec_schema(), policy_spec or {})
-    batching, low = spec["batching"], spec["fallback"]["onLowAcceptance"]
+    batching, low, selection = spec["batching"], spec["fallback"]["onLowAcceptance"], spec["draftSelection"]
     k = spec["k"]["max"] if spec["mode"] == "auto" else spec["k"]["initial"]
     return {
         "mode": spec["mode"],
@@ -39,6 +40,9 @@ def policy_body(policy_spec: dict[str, Any] | None) -> dict[str, Any]:
         "rebalance_threshold": float(batching["rebalanceThreshold"]),
         "auto_min_tokens_per_step": float(low["minTokensPerStep"]),
         "auto_probe_steps": low["probeSteps"],
+        "draft_selection": selection["strategy"],
+        "tetris_extra": selection["extraDrafts"],
+        "tetris_min_batch": selection["minBatch"],
     }
 
 

@@ -142,6 +142,9 @@ POLICY_INVALID = [
     ("auto threshold < 1", _set("spec.fallback.onLowAcceptance.minTokensPerStep", 0.5), "less than the minimum"),
     ("bad mode", _set("spec.mode", "turbo"), "is not one of"),
     ("bad fallback", _set("spec.fallback.onDraftFailure", "fail"), "is not one of"),
+    ("bad draft selection", _set("spec.draftSelection.strategy", "eagle"), "is not one of"),
+    ("9 extra drafts", _set("spec.draftSelection.extraDrafts", 9), "greater than the maximum"),
+    ("min batch 0", _set("spec.draftSelection.minBatch", 0), "less than the minimum"),
 ]
 
 

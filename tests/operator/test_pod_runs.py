@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from minedraft_operator.policy import differs, policy_body
 from tests.operator.conftest import ADMIN_KEY, ADMIN_SECRET, ADMIN_SECRET_KEY
 from tests.operator.emulator import eventually
 from tests.operator.pod_runner import LocalPod, complete, http
@@ -55,6 +56,23 @@ def test_admin_api_refuses_calls_without_the_key_from_the_secret(running_pod) ->
         assert http("PUT", url, {"pipeline_depth": before["pipeline_depth"]}, key=ADMIN_KEY)[0] == 200
     # /health stays open on the admin port: the kubelet's probes send no key.
     assert http("GET", f"http://127.0.0.1:{pod.port('batch-manager', 'admin')}/health")[0] == 200
+
+
+def test_the_batch_manager_takes_every_field_the_operator_sends(running_pod) -> None:
+    """The whole admin body of a SpeculationPolicy (TETRIS selection included) is accepted by the real batch
+    manager and read back as sent, so no field of the CRD is silently lost on the way."""
+    _, pod = running_pod
+    url = f"http://127.0.0.1:{pod.port('batch-manager', 'admin')}/admin/policy"
+    _, before = http("GET", url, key=ADMIN_KEY)
+    body = policy_body({"mode": "sd", "k": {"initial": 3},
+                        "draftSelection": {"strategy": "tetris", "extraDrafts": 2, "minBatch": 8}})
+    try:
+        status, after = http("PUT", url, body, key=ADMIN_KEY)
+        assert status == 200, after
+        assert differs(after, body) == [] and differs(http("GET", url, key=ADMIN_KEY)[1], body) == []
+        assert complete(pod.port("batch-manager", "http"))["usage"]["completion_tokens"] == 12
+    finally:
+        assert http("PUT", url, {k: before[k] for k in body}, key=ADMIN_KEY)[0] == 200
 
 
 def _rotate(pod: LocalPod, *keys: str) -> None:

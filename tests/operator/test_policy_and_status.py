@@ -10,7 +10,10 @@ def test_policy_body_maps_every_contract_field(policy) -> None:
     policy["spec"]["batching"].update(maxSequencesPerBatch=24, rebalanceThreshold=2.5)
     assert policy_body(policy["spec"]) == {"mode": "psd", "k": 4, "k_min": 2, "max_num_seqs": 48,
                                            "pipeline_depth": 2, "rebalance_threshold": 2.5,
-                                           "auto_min_tokens_per_step": 1.3, "auto_probe_steps": 200}
+                                           "auto_min_tokens_per_step": 1.3, "auto_probe_steps": 200,
+                                           "draft_selection": "fixed", "tetris_extra": 3, "tetris_min_batch": 32}
+    tetris = policy_body({**policy["spec"], "draftSelection": {"strategy": "tetris", "extraDrafts": 2, "minBatch": 16}})
+    assert (tetris["draft_selection"], tetris["tetris_extra"], tetris["tetris_min_batch"]) == ("tetris", 2, 16)
     # auto: adaptive k chooses within k.min..k.max
     auto = policy_body({**policy["spec"], "mode": "auto", "k": {"initial": 4, "min": 2, "max": 6}})
     assert (auto["k"], auto["k_min"]) == (6, 2)

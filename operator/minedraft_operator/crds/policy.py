@@ -6,6 +6,7 @@ from minedraft_operator.crds.schema import Schema, array, integer, number, obj, 
 from minedraft_operator.crds.status import conditions
 
 MODES = ("psd", "sd", "ar", "auto")
+SELECTIONS = ("fixed", "tetris")  # the batch manager's draft_selection
 K_MIN, K_MAX = 1, 16
 
 
@@ -57,6 +58,19 @@ def spec_schema() -> Schema:
         },
         default={},
     )
+    draft_selection = obj(
+        "Which drafts a speculative step verifies. fixed: every sequence its k drafts; tetris: each sequence "
+        "drafts k + extraDrafts and the step verifies the draft batch's k x batch most promising drafts (by the "
+        "draft's cumulative confidence), so an easy sequence is verified deeper than a hard one. Output is "
+        "unchanged either way; tetris pays where verifying is the bottleneck (large batches).",
+        {
+            "strategy": string("fixed or tetris.", enum=SELECTIONS, default="fixed"),
+            "extraDrafts": integer("tetris: drafts per sequence beyond k.", minimum=1, maximum=8, default=3),
+            "minBatch": integer("tetris: the fewest sequences in a draft batch for selection to run (smaller "
+                                "batches verify their k drafts each).", minimum=1, maximum=4096, default=32),
+        },
+        default={},
+    )
     return obj(
         "Desired speculation behaviour of every MineDraftDeployment that references this policy.",
         {
@@ -66,6 +80,7 @@ def spec_schema() -> Schema:
             "k": k,
             "batching": batching,
             "fallback": fallback,
+            "draftSelection": draft_selection,
         },
     )
 
