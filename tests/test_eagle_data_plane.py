@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.drafter import Proposal
 from minedraft.engine.hidden_capture import CapturingRunner
+from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.loader import load_model
 from minedraft.engine.verifier import Verifier
 from minedraft.worker.data_frames import VerdictPayload
@@ -23,7 +24,7 @@ PROMPTS = [[5, 9, 13, 4], list(range(2, 60))]
 
 
 def digest(rows: torch.Tensor) -> str:
-    return hashlib.sha256(rows.contiguous().numpy().tobytes()).hexdigest()
+    return hashlib.sha256(rows.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def draft_side(port: int, steps: int, queue: mp.Queue) -> None:
@@ -32,7 +33,8 @@ def draft_side(port: int, steps: int, queue: mp.Queue) -> None:
     for _ in range(steps):
         got = plane.recv_verdict()
         assert got.hidden is not None
-        queue.put((got.seq_ids, got.hidden.starts, got.hidden.counts, digest(got.hidden.rows)))
+        queue.put((got.seq_ids, got.hidden.starts, got.hidden.counts, str(got.hidden.rows.dtype),
+                   digest(got.hidden.rows)))
     plane.close()
 
 
@@ -54,6 +56,11 @@ def captured_steps(target: Path, taps: tuple[int, ...]) -> tuple[Verifier, list[
 def test_hidden_states_received_equal_the_targets(random_pair: tuple[Path, Path]) -> None:
     target, _ = random_pair
     _, payloads = captured_steps(target, (0, 1, 1))
+    # A bf16 target's states travel as bf16 (half the bytes), not widened to float32.
+    halved = payloads[1].hidden
+    assert halved is not None
+    payloads.append(VerdictPayload(2, payloads[1].seq_ids, payloads[1].tokens, payloads[1].accepted,
+                                   HiddenRows(halved.starts, halved.counts, halved.rows.to(torch.bfloat16))))
     store = host_store("127.0.0.1", 0)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -66,7 +73,8 @@ def test_hidden_states_received_equal_the_targets(random_pair: tuple[Path, Path]
         for payload in payloads:
             assert payload.hidden is not None
             hidden = payload.hidden
-            assert queue.get(timeout=60) == (payload.seq_ids, hidden.starts, hidden.counts, digest(hidden.rows))
+            assert queue.get(timeout=60) == (payload.seq_ids, hidden.starts, hidden.counts, str(hidden.rows.dtype),
+                                             digest(hidden.rows))
     finally:
         plane.close()
         peer.join(timeout=30)

@@ -5,7 +5,9 @@ A payload travels as one fixed-size int64 frame (what does not fit follows it): 
 tokens, -1 past a row's length when TETRIS pruned it (q for sampled rows follows as its own float32
 tensor). Verdicts: sequence ids, accepted counts,
 then the [B, k+1] tokens, -1 padded; for an EAGLE head also each row's first position and count of target
-hidden states (header slots 3 and 4: their width and total rows), which follow as one float32 tensor.
+hidden states (header slots 3 and 4: their width and total rows) and the code of their dtype
+(HIDDEN_DTYPES: the target's own, bf16 on a GPU, so they cross the link at half float32's bytes), which
+follow as one tensor.
 A frame received into device memory can be used by views (the `Posted*` forms) before the host reads it;
 its header is checked once it does.
 """
@@ -19,6 +21,7 @@ import torch
 from minedraft.engine.hidden_rows import HiddenRows
 
 HEADER_SLOTS = 6  # step, batch, k, has_probs, vocab, body length
+HIDDEN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # a verdict's hidden states, by code
 FRAME_SLOTS = 8192  # int64 slots of a payload's first message (64 KiB): ~900 sequences at k = 6
 
 

@@ -22,6 +22,7 @@ from minedraft.engine.transfer import to_device
 from minedraft.worker.data_frames import (
     FRAME_SLOTS,
     HEADER_SLOTS,
+    HIDDEN_DTYPES,
     DraftPayload,
     PostedDrafts,
     PostedVerdict,
@@ -227,9 +228,10 @@ class DataPlane:
         extra = None
         if payload.hidden is not None:  # an EAGLE head's states: runs per row, then the rows themselves
             hidden = payload.hidden
-            parts.append(self._ids([*hidden.starts, *hidden.counts]))
-            header += [int(hidden.rows.shape[1]), int(hidden.rows.shape[0])]
-            extra = [hidden.rows.to(self.device, torch.float32)] if hidden.rows.shape[0] else None
+            rows = hidden.rows if hidden.rows.dtype in HIDDEN_DTYPES else hidden.rows.float()
+            parts.append(self._ids([*hidden.starts, *hidden.counts, HIDDEN_DTYPES.index(rows.dtype)]))
+            header += [int(rows.shape[1]), int(rows.shape[0])]
+            extra = [rows.to(self.device)] if rows.shape[0] else None
         self._send_frame(header, torch.cat(parts), "verdicts", extra)
 
     def recv_verdict(self) -> VerdictPayload:
@@ -238,10 +240,11 @@ class DataPlane:
         tokens_end = 2 * batch + batch * (k + 1)
         hidden = None
         if width:
-            runs = host[tokens_end:tokens_end + 2 * batch].tolist()
-            rows = (self._recv((count, width), torch.float32, "verdicts") if count
-                    else torch.zeros((0, width), device=self.device))
-            hidden = HiddenRows(runs[:batch], runs[batch:], rows)
+            runs = host[tokens_end:tokens_end + 2 * batch + 1].tolist()
+            dtype = HIDDEN_DTYPES[runs[-1]]
+            rows = (self._recv((count, width), dtype, "verdicts") if count
+                    else torch.zeros((0, width), dtype=dtype, device=self.device))
+            hidden = HiddenRows(runs[:batch], runs[batch:2 * batch], rows)
         return VerdictPayload(step, host[:batch].tolist(), host[2 * batch:tokens_end].view(batch, k + 1),
                               host[batch : 2 * batch], hidden)
 
