@@ -11,7 +11,7 @@ import torch
 
 from minedraft.engine.attention import build_metadata
 from minedraft.engine.eagle_head import EagleHead
-from minedraft.engine.runner import TABLE_MULTIPLE, ModelRunner
+from minedraft.engine.runner import ModelRunner
 
 
 class EagleRunner(ModelRunner):
@@ -26,15 +26,19 @@ class EagleRunner(ModelRunner):
                          reserve: list[int], last_n: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed ids [B, Q] with features [B, Q, F] at starts; (logits [B, last_n, V], hidden [B, last_n, h])
         of each row's last `last_n` fed positions. `reserve[b]` bounds row b's positions (KV blocks)."""
-        for seq_id, limit in zip(seq_ids, reserve, strict=True):
-            self.cache.allocator.ensure(seq_id, limit)
-        tables = self.cache.block_table_tensor(seq_ids, "cpu", TABLE_MULTIPLE if self.backend == "triton" else 1,
-                                               self.max_blocks_per_seq)
+        alloc = self.cache.allocator
+        if (seq_ids, reserve, alloc.version) != self._reserved:  # the k-1 feeds after the first: already there
+            for seq_id, limit in zip(seq_ids, reserve, strict=True):
+                alloc.ensure(seq_id, limit)
+            self._reserved = (list(seq_ids), list(reserve), alloc.version)
+        kept = self.tables.get(seq_ids)
+        if kept.device is None:  # one upload per revision of the table: a proposal's k forwards share one
+            kept.device = self.to_device(kept.host)
         if not isinstance(starts, torch.Tensor):
             starts = self.to_device(torch.tensor(starts, dtype=torch.long))
         if not isinstance(query_lens, torch.Tensor):
             query_lens = self.to_device(torch.tensor(query_lens, dtype=torch.long))
-        meta = build_metadata(starts, query_lens, ids.shape[1], self.to_device(tables), self.cache.block_size,
+        meta = build_metadata(starts, query_lens, ids.shape[1], kept.device, self.cache.block_size,
                               self.config.sliding_window, self.backend)
         pick = (query_lens.unsqueeze(1) - last_n + torch.arange(last_n, device=ids.device)).clamp(min=0)
         hidden = self.head(ids, features, meta, self.cache.layers, pick)
