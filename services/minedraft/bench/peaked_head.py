@@ -7,7 +7,8 @@ of x scaled by PEAK_SCALE at the row of its chosen successor pi(x): the final hi
 keeps a large component along e_x (the residual stream starts from it), so the logit of pi(x)
 stands tens of units above every other. The target and the draft share pi on a seeded share
 `agree` of the tokens and differ on the rest, so greedy acceptance per draft token is about
-`agree`, with no calibration, and the decision at each position is far from a tie.
+`agree`, with no calibration (bench/draft_confidence.py adds some), and the decision at each position
+is far from a tie.
 """
 
 from __future__ import annotations

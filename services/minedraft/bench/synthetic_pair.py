@@ -11,7 +11,8 @@ identical shared weights in separate processes without exchanging them.
 
 A pair member is named by a spec string, `synthetic:<shape>:<role>[:alpha=A][:draft_layers=L]`
 (e.g. `synthetic:llama3-8b:target:alpha=0.3`; `:agree=A` gives both members peaked heads that agree
-on a share A of tokens), which the benchmark passes where a model folder
+on a share A of tokens; with them `:calib=C` and `:miscal=M` set where the draft is unsure,
+bench/draft_confidence.py), which the benchmark passes where a model folder
 would go; `load_synthetic` is the model loader the benchmark injects into the services
 (`minedraft.bench.synthetic_workers`). The product loader knows nothing of it.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from minedraft.bench.draft_confidence import damped_tokens, sink_embedding, sink_norm_gain
 from minedraft.bench.peaked_head import peaked_head
 from minedraft.core.errors import ModelLoadError
 from minedraft.engine.config import ModelConfig, RopeConfig
@@ -42,6 +44,13 @@ SHAPES: dict[str, ModelConfig] = {
         num_kv_heads=2, head_dim=32, rms_norm_eps=1e-5, max_position_embeddings=2048, tie_word_embeddings=False,
         qkv_bias=False, qk_norm=False,
     ),
+    # Wide enough that a peaked head's choice is ~100% sure (tiny's is not: its flat rest has std ~1.7
+    # against a peak of ~11), small enough for CPU tests of confidence-driven selection.
+    "small": ModelConfig(
+        family="llama", vocab_size=1024, hidden_size=512, intermediate_size=1024, num_layers=4, num_heads=8,
+        num_kv_heads=4, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=2048, tie_word_embeddings=False,
+        qkv_bias=False, qk_norm=False,
+    ),
 }
 
 
@@ -57,10 +66,24 @@ class SyntheticSpec:
     alpha: float = 0.3
     draft_layers: int = 2
     agree: float = -1.0  # >= 0: peaked heads whose greedy choices agree on this share of tokens (peaked_head.py)
+    calib: float = 0.0  # share of the draft's wrong choices where it is unsure (draft_confidence.py)
+    miscal: float = 0.0  # share of its right choices where it is unsure anyway
 
     def __str__(self) -> str:
         peaked = f":agree={self.agree}" if self.agree >= 0 else ""
+        peaked += f":calib={self.calib}" if self.calib > 0 else ""
+        peaked += f":miscal={self.miscal}" if self.miscal > 0 else ""
         return f"synthetic:{self.shape}:{self.role}:alpha={self.alpha}:draft_layers={self.draft_layers}{peaked}"
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.calib <= 1 and 0 <= self.miscal <= 1) or ((self.calib or self.miscal) and self.agree < 0):
+            raise ModelLoadError(f"bad synthetic model spec {self}: calib and miscal are shares in [0, 1] "
+                                 "of a peaked pair's tokens (they need agree)")
+
+    @property
+    def damped(self) -> bool:
+        """Whether this member is a draft that is unsure after some tokens."""
+        return self.role == "draft" and (self.calib > 0 or self.miscal > 0)
 
     @classmethod
     def parse(cls, text: str) -> SyntheticSpec:
@@ -68,12 +91,13 @@ class SyntheticSpec:
         if len(parts) < 3 or parts[0] != "synthetic" or parts[1] not in SHAPES or parts[2] not in ROLES:
             raise ModelLoadError(
                 f"bad synthetic model spec {text!r}; expected synthetic:<{'|'.join(SHAPES)}>:<target|draft>"
-                "[:alpha=A][:draft_layers=L]"
+                "[:alpha=A][:draft_layers=L][:agree=A[:calib=C][:miscal=M]]"
             )
         try:
             options = dict(p.split("=", 1) for p in parts[3:])
             spec = cls(parts[1], parts[2], float(options.pop("alpha", 0.3)), int(options.pop("draft_layers", 2)),
-                       float(options.pop("agree", -1.0)))
+                       float(options.pop("agree", -1.0)), float(options.pop("calib", 0.0)),
+                       float(options.pop("miscal", 0.0)))
         except ValueError as exc:
             raise ModelLoadError(f"bad synthetic model spec {text!r}: {exc}") from None
         if options:
@@ -116,10 +140,14 @@ def build_synthetic(
     model = CausalLM.empty(cfg, tp.reducer(), device, dtype)
     hidden_std = cfg.hidden_size**-0.5
     full_shapes = dict(full_parameter_shapes(full))
+    damped = damped_tokens(full.vocab_size, spec.agree, spec.calib, spec.miscal, seed) if spec.damped else None
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
+                if damped is not None and name.endswith(("layernorm.weight", "model.norm.weight")):
+                    # every norm of the stream: the sink channel only sets the scale (draft_confidence.py)
+                    param.copy_(sink_norm_gain(param))
                 continue
             shape_full = full_shapes[name]
             std = hidden_std if shape_full[-1] == cfg.hidden_size else shape_full[-1] ** -0.5
@@ -132,6 +160,8 @@ def build_synthetic(
                 embedding = _seeded_normal(full_shapes["model.embed_tokens.weight"], "model.embed_tokens.weight",
                                            seed, 1.0, device, torch.float32)
                 value = peaked_head(value, embedding, spec.role == "draft", spec.agree, seed)
+            if name == "model.embed_tokens.weight" and damped is not None:
+                value = sink_embedding(value, damped)
             value = take_shard(value, name, tp)
             layer = _layer_index(name)
             deep = layer is not None and layer >= spec.draft_layers
