@@ -1,18 +1,19 @@
 """`python -m minedraft.bench.tetris_bench`: TETRIS against fixed k and AR on a full batch, in one process.
 
-Drives a Verifier and a Drafter directly (SD colocated, no services): B sequences decode together for
---steps steps after a warm-up; every step drafts (fixed k, or k + extra selected down to k x B, or
-nothing for AR), verifies and commits. Reports accepted tokens per verified token (what selection
-improves: the verify checks B + C tokens either way) and, on a GPU, tokens per second. Greedy, so each
-row's tokens must equal AR's; the script checks that too. Pairs: model folders (default the bundled
-tiny pair, on the CPU) or `--synthetic SHAPE` (bench/synthetic_pair.py, peaked heads with `--agree`).
-Writes JSON to --out.
+Drives a Verifier and a Drafter directly (SD colocated, no services): B sequences decode together; every
+step drafts (fixed k, or k + extra selected down to k x B, or nothing for AR), verifies and commits
+(bench/tetris_cells.py). Per cell: accepted tokens per verified token (what selection improves: the
+verify checks B + C tokens either way), tokens per step, tokens/s and, in a separate phase-timed pass,
+draft and verify ms per step; then per batch TETRIS / best fixed k and TETRIS / AR (bench/tetris_report.py).
+Greedy, so each row's tokens must equal AR's; the script checks that too (exit 1 if not). Pairs: model
+folders (default the bundled tiny pair, on the CPU) or `--synthetic SHAPE` (bench/synthetic_pair.py,
+peaked heads with `--agree`, a draft unsure on a share `--calib` of its wrong choices). Writes JSON to
+--out after every cell.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import time
 from pathlib import Path
@@ -20,104 +21,96 @@ from pathlib import Path
 import torch
 
 from minedraft.bench.flags import int_list
-from minedraft.core.sampling_params import SamplingParams
-from minedraft.engine.drafter import Drafter
+from minedraft.bench.tetris_cells import CellConfig, run_cell
+from minedraft.bench.tetris_report import against_fixed, equals_ar, summaries, summary_line
 from minedraft.engine.loader import load_model
 from minedraft.engine.model import CausalLM
-from minedraft.engine.runner import ModelRunner
-from minedraft.engine.tetris_propose import propose_selected
-from minedraft.engine.verifier import Verifier
 
 
 def models(args: argparse.Namespace) -> tuple[CausalLM, CausalLM]:
+    dtype = getattr(torch, args.dtype)
     if args.synthetic:
         from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic
 
-        spec = SyntheticSpec(args.synthetic, "target", draft_layers=args.draft_layers, agree=args.agree)
+        spec = SyntheticSpec(args.synthetic, "target", draft_layers=args.draft_layers, agree=args.agree,
+                             calib=args.calib, miscal=args.miscal)
         target, draft = spec.pair()
-        return build_synthetic(target, args.device), build_synthetic(draft, args.device)
+        return build_synthetic(target, args.device, dtype), build_synthetic(draft, args.device, dtype)
     from minedraft.bundled import TINY_DRAFT, TINY_TARGET
 
-    return (load_model(args.target or TINY_TARGET, args.device), load_model(args.draft or TINY_DRAFT, args.device))
+    return (load_model(args.target or TINY_TARGET, args.device, dtype),
+            load_model(args.draft or TINY_DRAFT, args.device, dtype))
 
 
-def run_cell(pair: tuple[CausalLM, CausalLM], args: argparse.Namespace, batch: int, k: int, extra: int
-             ) -> tuple[dict, list[list[int]]]:
-    """One (batch, k, extra) cell; k = 0 is AR. Returns its numbers and every row's tokens."""
-    target = Verifier(ModelRunner(pair[0], args.num_blocks, 16, args.device))
-    draft = Drafter(ModelRunner(pair[1], args.num_blocks, 16, args.device))
-    vocab = pair[0].config.vocab_size
-    gen = torch.Generator().manual_seed(7)
-    ids = list(range(batch))
-    for seq_id in ids:
-        prompt = torch.randint(2, vocab, (args.prompt_len,), generator=gen).tolist()
-        for worker in (target, draft):
-            worker.add(seq_id, prompt, SamplingParams(max_tokens=10**6, ignore_eos=True))
-    verified = accepted = emitted = 0
-    started = 0.0
-    for step in range(args.warmup + args.steps):
-        if step == args.warmup:
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            started, verified, accepted, emitted = time.perf_counter(), 0, 0, 0
-        proposal = propose_selected(draft, ids, k + extra, k * batch if extra else 0) if k else None
-        verdict = target.verify(ids, proposal)
-        counts = verdict.accepted.tolist()
-        rows = verdict.tokens.tolist()
-        lengths = proposal.lengths if proposal is not None and proposal.lengths is not None else [k] * batch
-        for seq_id, row, n in zip(ids, rows, counts, strict=True):
-            if k:
-                draft.commit(seq_id, row[: n + 1], n)
-        verified += batch + sum(lengths)
-        accepted += sum(counts)
-        emitted += sum(counts) + batch
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - started
-    cell = {"batch": batch, "k": k, "extra": extra, "kind": "ar" if not k else ("tetris" if extra else "fixed"),
-            "tokens_per_s": round(emitted / seconds, 1), "accepted_per_verified_token": round(accepted / verified, 4),
-            "tokens_per_step": round(emitted / (batch * args.steps), 3), "verified_tokens": verified}
-    tokens = [target.seqs[s].tokens for s in ids]
-    del target, draft
-    gc.collect()  # the runners' KV caches before the next cell allocates its own (they hold GPU memory)
-    if args.device.startswith("cuda"):
-        torch.cuda.empty_cache()
-    return cell, tokens
+def plan(batches: list[int], ks: list[int], extras: list[int]) -> list[tuple[int, int, int]]:
+    """(batch, k, extra) cells in running order: per batch AR first (the reference), then per k fixed, then
+    each extra."""
+    return [(b, k, e) for b in batches for k, e in [(0, 0)] + [(k, e) for k in ks for e in [0, *extras]]]
 
 
-def main(argv: list[str] | None = None) -> int:
+def sweep(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, args: argparse.Namespace, deadline: float,
+          report: dict) -> bool:
+    """Runs the cells into report["cells"] (writing --out after each) until the deadline; False if a row
+    left AR's tokens."""
+    exact = True
+    references: dict[int, list[list[int]]] = {}
+    for batch, k, extra in plan(args.batches, args.ks, args.extras):
+        if time.monotonic() > deadline or (k and batch not in references):
+            report["skipped"].append({"batch": batch, "k": k, "extra": extra})
+            continue
+        cell, tokens = run_cell(pair, cfg, batch, k, extra)
+        if k:
+            cell["equals_ar"] = equals_ar(tokens, references[batch])
+            exact &= cell["equals_ar"]
+            cell |= against_fixed(cell, report["cells"])
+        else:
+            references[batch] = tokens
+        report["cells"].append(cell)
+        print(json.dumps(cell), flush=True)
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    return exact
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m minedraft.bench.tetris_bench", description=__doc__)
     p.add_argument("--target", default="")
     p.add_argument("--draft", default="")
-    p.add_argument("--synthetic", default="", help="a synthetic shape (llama3-8b) instead of folders")
+    p.add_argument("--synthetic", default="", help="a synthetic shape (llama3-8b, small) instead of folders")
     p.add_argument("--agree", type=float, default=0.7)
+    p.add_argument("--calib", type=float, default=0.0, help="share of the draft's wrong choices it is unsure of")
+    p.add_argument("--miscal", type=float, default=0.0, help="share of its right choices it is unsure of")
     p.add_argument("--draft-layers", type=int, default=4)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="float32: fast on a CPU")
     p.add_argument("--batches", type=int_list, default=[16, 32, 64])
     p.add_argument("--ks", type=int_list, default=[2, 4, 6])
-    p.add_argument("--extra", type=int, default=3)
+    p.add_argument("--extras", "--extra", type=int_list, default=[1, 2, 3], help="TETRIS drafts beyond k")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--anatomy-steps", type=int, default=6, help="phase-timed steps after the timed ones")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--num-blocks", type=int, default=4096)
+    p.add_argument("--deadline-s", type=float, default=1e9, help="start no new cell this long after the start")
     p.add_argument("--out", default="tetris_bench.json")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    deadline = time.monotonic() + args.deadline_s
     pair = models(args)
-    cells = []
-    for batch in args.batches:
-        ar, reference = run_cell(pair, args, batch, 0, 0)
-        cells.append(ar)
-        for k in args.ks:
-            for extra in (0, args.extra):
-                cell, tokens = run_cell(pair, args, batch, k, extra)
-                # Steps emit different counts; the shared prefix of every row must be AR's.
-                cell["equals_ar"] = all(t[: len(r)] == r[: len(t)] for t, r in zip(tokens, reference, strict=True))
-                cells.append(cell)
-                print(json.dumps(cell), flush=True)
-        print(json.dumps(ar), flush=True)
-    Path(args.out).write_text(json.dumps({"device": args.device, "synthetic": args.synthetic, "cells": cells},
-                                         indent=1))
-    return 0 if all(c.get("equals_ar", True) for c in cells) else 1
+    cfg = CellConfig(args.device, args.steps, args.warmup, args.anatomy_steps, args.prompt_len, args.num_blocks)
+    report: dict = {"device": args.device, "synthetic": args.synthetic, "agree": args.agree, "calib": args.calib,
+                    "miscal": args.miscal, "cells": [], "skipped": []}
+    exact = sweep(pair, cfg, args, deadline, report)
+    report["summaries"] = summaries(report["cells"])
+    for summary in report["summaries"]:
+        print(json.dumps(summary), flush=True)
+        print(summary_line(summary), flush=True)
+    if report["skipped"]:
+        print(f"skipped {len(report['skipped'])} cells past the deadline", flush=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0 if exact else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""One cell of the TETRIS benchmark: B sequences decoding together under one draft policy, in one process.
+
+A cell is (batch, k, extra): k = 0 is AR, extra = 0 fixed k, extra > 0 TETRIS (k + extra drafts per row,
+the batch's k x B best verified). Two passes over the same sequences: a throughput pass (no syncs but
+the ones the step itself makes), then an anatomy pass that synchronises around the draft and verify
+phases of each step, so the timers never perturb the tokens/s they sit beside.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+
+import torch
+
+from minedraft.core.sampling_params import SamplingParams
+from minedraft.engine.drafter import Drafter
+from minedraft.engine.model import CausalLM
+from minedraft.engine.runner import ModelRunner
+from minedraft.engine.tetris_propose import propose_selected
+from minedraft.engine.verifier import Verifier
+
+
+@dataclass(frozen=True, slots=True)
+class CellConfig:
+    """What every cell of a run shares."""
+
+    device: str = "cpu"
+    steps: int = 20  # timed steps of the throughput pass
+    warmup: int = 3  # untimed steps before it
+    anatomy_steps: int = 6  # steps of the phase-timed pass after it (0: none)
+    prompt_len: int = 32
+    num_blocks: int = 4096
+
+
+class PhaseClock:
+    """Wall time of the draft and verify phases, read after the device has finished what was queued."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+        self.draft_s = 0.0
+        self.verify_s = 0.0
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+@dataclass(slots=True)
+class Counts:
+    """Tokens over some steps: verified (one per row plus its verified drafts), accepted drafts, emitted."""
+
+    verified: int = 0
+    accepted: int = 0
+    emitted: int = 0
+
+
+def decode_step(target: Verifier, draft: Drafter, ids: list[int], k: int, extra: int, counts: Counts,
+                clock: PhaseClock | None = None) -> None:
+    """Draft (nothing for AR; k + extra selected down to k x B for TETRIS), verify, commit; adds to counts.
+    With a clock, the draft phase and the verify phase (with the draft's commit) are timed apart."""
+    batch = len(ids)
+    start = clock.now() if clock else 0.0
+    proposal = propose_selected(draft, ids, k + extra, k * batch if extra else 0) if k else None
+    drafted = clock.now() if clock else 0.0
+    verdict = target.verify(ids, proposal)
+    accepted = verdict.accepted.tolist()
+    rows = verdict.tokens.tolist()
+    if k:
+        for seq_id, row, n in zip(ids, rows, accepted, strict=True):
+            draft.commit(seq_id, row[: n + 1], n)
+    if clock:
+        done = clock.now()
+        clock.draft_s += drafted - start
+        clock.verify_s += done - drafted
+    lengths = proposal.lengths if proposal is not None and proposal.lengths is not None else [k] * batch
+    counts.verified += batch + sum(lengths)
+    counts.accepted += sum(accepted)
+    counts.emitted += sum(accepted) + batch
+
+
+def kind_of(k: int, extra: int) -> str:
+    return "ar" if not k else ("tetris" if extra else "fixed")
+
+
+def run_cell(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, batch: int, k: int, extra: int
+             ) -> tuple[dict, list[list[int]]]:
+    """One (batch, k, extra) cell on fresh KV caches. Returns its numbers and every row's tokens."""
+    target = Verifier(ModelRunner(pair[0], cfg.num_blocks, 16, cfg.device))
+    draft = Drafter(ModelRunner(pair[1], cfg.num_blocks, 16, cfg.device))
+    vocab = pair[0].config.vocab_size
+    gen = torch.Generator().manual_seed(7)
+    ids = list(range(batch))
+    for seq_id in ids:
+        prompt = torch.randint(2, vocab, (cfg.prompt_len,), generator=gen).tolist()
+        for worker in (target, draft):
+            worker.add(seq_id, prompt, SamplingParams(max_tokens=10**6, ignore_eos=True))
+    for _ in range(cfg.warmup):
+        decode_step(target, draft, ids, k, extra, Counts())
+    timer = PhaseClock(cfg.device)
+    counts = Counts()
+    started = timer.now()
+    for _ in range(cfg.steps):
+        decode_step(target, draft, ids, k, extra, counts)
+    seconds = timer.now() - started
+    for _ in range(cfg.anatomy_steps):
+        decode_step(target, draft, ids, k, extra, Counts(), timer)
+    per_step = 1000 / max(cfg.anatomy_steps, 1)
+    cell = {"batch": batch, "k": k, "extra": extra, "kind": kind_of(k, extra),
+            "tokens_per_s": round(counts.emitted / seconds, 1),
+            "accepted_per_verified_token": round(counts.accepted / counts.verified, 4),
+            "tokens_per_step": round(counts.emitted / (batch * cfg.steps), 3), "verified_tokens": counts.verified,
+            "accepted_tokens": counts.accepted,
+            "step_ms": round(1000 * seconds / cfg.steps, 2)}
+    if cfg.anatomy_steps:
+        cell |= {"draft_ms": round(timer.draft_s * per_step, 2), "verify_ms": round(timer.verify_s * per_step, 2)}
+    tokens = [target.seqs[s].tokens for s in ids]
+    del target, draft
+    gc.collect()  # the runners' KV caches before the next cell allocates its own (they hold GPU memory)
+    if cfg.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return cell, tokens
