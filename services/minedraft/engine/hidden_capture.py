@@ -81,7 +81,8 @@ class CapturingRunner(ModelRunner):
             counts.append(sum(t.shape[0] for t in run))
             parts.extend(run)
         width = self._width()
-        rows = torch.cat(parts).float() if parts else torch.zeros((0, width), device=self.device)
+        rows = torch.cat(parts) if parts else torch.zeros((0, width), dtype=self.model.lm_head.weight.dtype,
+                                                                 device=self.device)
         return HiddenRows(starts, counts, rows)
 
     def _width(self) -> int:
