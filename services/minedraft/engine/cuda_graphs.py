@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 # What a graph captures: (ids, starts, query_lens, tables, last_n) -> logits, device tensors only.
 StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+Out = TypeVar("Out")
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 MAX_GRAPH_WIDTH = 16
@@ -63,7 +66,7 @@ class GraphCache:
         self.pool: tuple | None = None
         self.capture_ms = 0.0  # host time spent capturing, in total
         self.closed = False  # capture_ahead ran: only its shapes replay, nothing is captured while serving
-        self.eager: set[tuple[int, int, int]] = set()  # shapes outside the closed set met so far
+        self.eager: set[tuple[int, ...]] = set()  # shapes outside the closed set met so far (packed ones too)
         self.staging = StagingRing(device)  # pinned buffers the host metadata travels through
 
     def capture_ahead(self, keys: Iterable[tuple[int, int, int]]) -> int:
@@ -84,11 +87,17 @@ class GraphCache:
                 and table_width <= self.max_blocks_per_seq)
         if not fits or not self.closed or (bucket, width, last_n) in self.steps:
             return fits
-        if (bucket, width, last_n) not in self.eager:  # once per shape: a prefill's, or a k or batch past the bounds
-            self.eager.add((bucket, width, last_n))
-            log.info("step of up to %d sequences x %d tokens (logits for %d) runs eagerly: not among the CUDA graphs "
-                     "captured at start-up (--capture-batch, --capture-k)", bucket, width, last_n)
+        self.say_eager((bucket, width, last_n), f"step of up to {bucket} sequences x {width} tokens (logits for "
+                                                f"{last_n})")
         return False
+
+    def say_eager(self, shape: tuple[int, ...], step: str) -> None:
+        """Log that a step outside the closed set runs eagerly, once per shape (a prefill's, or a k or batch past
+        the bounds)."""
+        if shape not in self.eager:
+            self.eager.add(shape)
+            log.info("%s runs eagerly: not among the CUDA graphs captured at start-up (--capture-batch, "
+                     "--capture-k)", step)
 
     def replay(
         self, ids: torch.Tensor, starts: list[int] | torch.Tensor, query_lens: list[int] | torch.Tensor,
@@ -135,23 +144,31 @@ class GraphCache:
         step.graph.replay()
         return step.logits[:batch].clone()
 
-    def _capture(self, key: tuple[int, int, int]) -> CapturedStep:
-        started = time.perf_counter()
-        bucket, width, last_n = key
+    def capture(self, step: Callable[[], Out]) -> tuple[torch.cuda.CUDAGraph, Out]:
+        """A graph of `step` (a closure over static buffers) in this cache's memory pool, and its output.
+
+        Every graph of the runner shares the one pool (the packed verifies' too, engine/ragged_graphs.py):
+        they replay one at a time on one stream, so what one frees at the end of its capture the next reuses."""
         device = self.device
-        ids = torch.zeros((bucket, width), dtype=torch.long, device=device)
-        meta = torch.zeros(bucket * (2 + self.max_blocks_per_seq), dtype=torch.long, device=device)
-        starts, lens, tables = split_meta(meta, bucket)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up: Triton compiles and autotunes outside the capture
-                self.step_fn(ids, starts, lens, tables, last_n)
+                step()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self.step_fn(ids, starts, lens, tables, last_n)
+            out = step()
         self.pool = graph.pool()
+        return graph, out
+
+    def _capture(self, key: tuple[int, int, int]) -> CapturedStep:
+        started = time.perf_counter()
+        bucket, width, last_n = key
+        ids = torch.zeros((bucket, width), dtype=torch.long, device=self.device)
+        meta = torch.zeros(bucket * (2 + self.max_blocks_per_seq), dtype=torch.long, device=self.device)
+        starts, lens, tables = split_meta(meta, bucket)
+        graph, logits = self.capture(lambda: self.step_fn(ids, starts, lens, tables, last_n))
         step = CapturedStep(graph, ids, meta, logits)
         self.steps[key] = step
         self.capture_ms += (time.perf_counter() - started) * 1000.0

@@ -7,10 +7,14 @@ and MLP runs on the valid tokens alone, packed [1, N, hidden]; only each layer's
 [B, Q] layout, through a scatter of its qkv projection and a gather of its output (model.py's
 `rows`), so the attention kernels and their metadata are unchanged.
 
-These steps run eagerly, never as CUDA graphs: a packed step's shape is its token count, which
-changes with every selection, and a graph per count (or per bucket of counts) would multiply the
-captured set that `--capture-batch` closes. On a verify big enough for TETRIS to pay (compute-bound,
-tens of ms on an 8B model) the launches of an eager step are a few per cent of it.
+On CUDA these steps replay graphs (engine/ragged_graphs.py): TETRIS verifies k x batch drafts, so a
+batch's packed token count is batch x (k + 1) whatever the split, and one graph per (batch bucket,
+width, tokens per row) serves every selection, a smaller step padded with dummy tokens that write
+nothing. A verifier captures them at start-up beside its fixed-width graphs (`ModelRunner.capture_ahead`
+with the policy's default tetris_extra and tetris_min_batch); once that set is closed, a verify it
+does not hold (a tetris_extra changed beyond it, a batch below the captured buckets, a step still
+feeding part of a prompt) runs eagerly, logged once per shape, and is never captured while serving.
+Both paths take the runner's kept block tables and build their indices with numpy over the batch.
 
 The logits come back left-aligned [B, k+1, V]: slot j of row b is the distribution after its first
 j drafts, for j <= lengths[b] (later slots repeat slot lengths[b]), as the rejection rule reads them.
@@ -20,10 +24,11 @@ with per-row query lengths, and its logits are aligned the same way.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from minedraft.engine.attention import build_metadata
-from minedraft.engine.runner import TABLE_MULTIPLE, ModelRunner
+from minedraft.engine.ragged_graphs import PackedLayout, PackedStep
+from minedraft.engine.runner import ModelRunner
 from minedraft.engine.sequence import SeqState
 
 
@@ -65,21 +70,21 @@ def verify_logits(runner: ModelRunner, states: list[SeqState], drafts: torch.Ten
 def packed_forward(runner: ModelRunner, seq_ids: list[int], ids: torch.Tensor, starts: list[int],
                    query_lens: list[int], lengths: list[int], width: int) -> torch.Tensor:
     """Logits [B, width, V] of each row's last 1 + lengths[b] fed tokens (left-aligned; later slots repeat
-    the row's last), computed with the layers on the packed valid tokens."""
+    the row's last), computed with the layers on the packed valid tokens: a graph's replay when the runner
+    holds one for the step, else eagerly."""
+    alloc = runner.allocator
     for seq_id, start, n in zip(seq_ids, starts, query_lens, strict=True):
-        runner.cache.allocator.ensure(seq_id, start + n)
-    tables = runner.cache.block_table_tensor(seq_ids, "cpu", TABLE_MULTIPLE if runner.backend == "triton" else 1,
-                                             runner.max_blocks_per_seq)
-    q = ids.shape[1]
-    qlens = torch.tensor(query_lens, dtype=torch.long)
-    offsets = torch.cumsum(qlens, 0) - qlens  # where each row's tokens begin among the packed ones
-    rows = torch.cat([b * q + torch.arange(n) for b, n in enumerate(query_lens)])
-    slot = torch.arange(width).unsqueeze(0)
-    first = (qlens - 1 - torch.tensor(lengths)).unsqueeze(1)  # the row's last committed token
-    picked = offsets.unsqueeze(1) + first + torch.minimum(slot, torch.tensor(lengths).unsqueeze(1))
-    meta = build_metadata(runner.to_device(torch.tensor(starts, dtype=torch.long)), runner.to_device(qlens), q,
-                          runner.to_device(tables), runner.cache.block_size, runner.config.sliding_window,
-                          runner.backend)
-    model = runner.model
-    hidden = model(ids, meta, runner.cache.layers, packed=(runner.to_device(rows), runner.to_device(picked)))
-    return model.logits(hidden)
+        alloc.ensure(seq_id, start + n)
+    kept = runner.tables.get(seq_ids)
+    batch, tokens, graphs = len(seq_ids), sum(query_lens), runner.packed_graphs
+    key = graphs.find(batch, ids.shape[1], width, tokens, kept.host.shape[1]) if graphs is not None else None
+    if graphs is not None and key is not None:
+        return graphs.replay(key, ids, starts, query_lens, lengths, kept.host, kept.revision)
+    layout = PackedLayout(batch, batch, ids.shape[1], width, tokens)
+    heads = np.empty(layout.heads, dtype=np.int64)
+    layout.write(heads, starts, query_lens, lengths)
+    starts_dev, lens_dev, rows, picked, _ = layout.split(runner.to_device(torch.from_numpy(heads)))
+    if kept.device is None:  # one upload per revision of the table, shared with the runner's own forwards
+        kept.device = runner.to_device(kept.host)
+    step = graphs.step if graphs is not None else PackedStep(runner.model, runner.cache, runner.backend)
+    return step(ids, starts_dev, lens_dev, kept.device, rows, picked)

@@ -18,6 +18,7 @@ from minedraft.engine.cuda_graphs import BATCH_BUCKETS, MAX_GRAPH_WIDTH, GraphCa
 from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.kv_cache import BlockAllocator, KVCache
 from minedraft.engine.model import CausalLM
+from minedraft.engine.ragged_graphs import PackedGraphs, PackedStep, selection_keys
 from minedraft.engine.transfer import to_device
 
 TABLE_MULTIPLE = 16  # block-table width granularity on the Triton path (kv_cache.block_table_tensor)
@@ -57,6 +58,9 @@ class ModelRunner:
         self._reserved: tuple[list[int], list[int], int] = ([], [], -1)  # the last ensure: ids, limits, version
         use_graphs = cuda_graphs and self.backend == "triton"
         self.graphs = GraphCache(self.run, self.device, self.max_blocks_per_seq) if use_graphs else None
+        self.packed_graphs = (None if self.graphs is None else  # TETRIS's packed verifies (engine/ragged.py)
+                              PackedGraphs(self.graphs, PackedStep(model, self.cache, self.backend),
+                                           self.config.vocab_size))
 
     @property
     def allocator(self) -> BlockAllocator:
@@ -67,18 +71,24 @@ class ModelRunner:
         """Host time spent capturing CUDA graphs so far (0 without graphs)."""
         return self.graphs.capture_ms if self.graphs is not None else 0.0
 
-    def capture_ahead(self, max_batch: int, k: int, scoring: bool) -> int:
+    def capture_ahead(self, max_batch: int, k: int, scoring: bool, selection: tuple[int, int] | None = None) -> int:
         """Capture now the graph of every steady-state step of up to `max_batch` sequences and k drafts: a
         verifier's windows of 1..k+1 tokens, logits at every position (`scoring`), or a drafter's feeds of
-        1..k+1 tokens, logits at the last. Other shapes then run eagerly, never captured while serving.
-        Tensor-parallel ranks must all call it alike (the graphs hold all-reduces, and every rank must
-        take the same path for a step). Returns how many were new; 0 without graphs."""
+        1..k+1 tokens, logits at the last. With `selection` (tetris_extra, tetris_min_batch) a verifier also
+        captures the packed verifies TETRIS takes at each of those k (engine/ragged_graphs.py). Other shapes
+        then run eagerly, never captured while serving. Tensor-parallel ranks must all call it alike (the
+        graphs hold all-reduces, and every rank must take the same path for a step). Returns how many were
+        new; 0 without graphs."""
         if self.graphs is None or max_batch <= 0:
             return 0
         top = GraphCache.bucket(max_batch) or BATCH_BUCKETS[-1]
         widths = range(1, min(k + 1, MAX_GRAPH_WIDTH) + 1)
-        return self.graphs.capture_ahead((b, w, w if scoring else 1) for b in BATCH_BUCKETS if b <= top
-                                         for w in widths)
+        captured = self.graphs.capture_ahead((b, w, w if scoring else 1) for b in BATCH_BUCKETS if b <= top
+                                             for w in widths)
+        plain = type(self).run is ModelRunner.run  # a runner with its own step verifies padded (engine/ragged.py)
+        if selection is not None and scoring and plain and self.packed_graphs is not None:
+            captured += self.packed_graphs.capture_ahead(selection_keys(top, k, *selection))
+        return captured
 
     def forward(self, seq_ids: list[int], tokens: list[list[int]], starts: list[int], last_n: int) -> torch.Tensor:
         """Feed tokens[b] at positions starts[b].. and return logits [B, last_n, V].

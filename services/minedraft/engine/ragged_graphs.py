@@ -1,0 +1,212 @@
+"""CUDA graphs for packed (TETRIS) verifies: one graph serves every selection of a given size.
+
+A packed verify (engine/ragged.py) runs the layers on its N valid tokens, so its shape is its token
+count, not its batch. But TETRIS verifies C = k x batch drafts, so N = batch x (k + 1) whatever the
+per-row split: within a batch bucket only the split varies, and the split lives in index tensors
+(`rows`, `picked`), not in shapes. A graph is keyed by (bucket, layout width Q, logits width, tokens per
+row m) and holds bucket x m packed tokens; a step with fewer (a batch below its bucket, fewer drafts
+than C) pads them with dummy tokens. The attention layout gets one row past the bucket that never has
+a valid query (a sink): the dummies scatter into its first slot, write no KV (its query length is 0,
+as for every row past the batch) and their outputs are never picked. One sink row costs one more row
+of attention; a never-valid slot in every row (a Q one wider) would cost the whole batch a column.
+
+Every packed graph writes its logits into one buffer, sized for the largest, and each replay clones its
+rows out: a graph that kept its own float32 logits ([bucket, width, vocab], 0.4 GB at 64 x 12 x 128k)
+would make the packed set cost more memory than all the fixed-width graphs together.
+
+The host side is cheap in both paths: the indices are built with numpy over the batch (no per-row
+tensors) straight into a pinned staging buffer (engine/staging.py) and sent in one asynchronous copy;
+the block tables only when their revision changed (engine/block_tables.py), as GraphCache does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from minedraft.engine.attention import build_metadata
+from minedraft.engine.cuda_graphs import BATCH_BUCKETS, MAX_GRAPH_WIDTH, GraphCache
+from minedraft.engine.kv_cache import KVCache
+from minedraft.engine.layers import linear
+from minedraft.engine.model import CausalLM
+
+PackedKey = tuple[int, int, int, int]  # (batch bucket, layout width Q, logits width, packed tokens per row)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedLayout:
+    """Where a packed step's inputs sit in one int64 buffer:
+    starts [rows] | query_lens [rows] | rows [tokens] | picked [batch, width] | block tables [rows, blocks]."""
+
+    batch: int  # rows whose logits come out (a graph's bucket)
+    rows: int  # rows of the [rows, q] attention layout (a graph's: its bucket + the sink)
+    q: int
+    width: int
+    tokens: int  # packed tokens, dummies included
+
+    @property
+    def heads(self) -> int:
+        """Values before the block tables (what every step sends)."""
+        return 2 * self.rows + self.tokens + self.batch * self.width
+
+    def split(self, meta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views of the buffer: starts, query lengths, rows, picked, block tables ([rows, 0] without them)."""
+        r, t = self.rows, self.tokens
+        picked = meta[2 * r + t : self.heads].view(self.batch, self.width)
+        return meta[:r], meta[r : 2 * r], meta[2 * r : 2 * r + t], picked, meta[self.heads :].view(r, -1)
+
+    def write(self, view: np.ndarray, starts: list[int], query_lens: list[int], lengths: list[int]) -> None:
+        """The heads of a batch of len(query_lens) rows: rows past the batch get zero-length queries, the packed
+        tokens past the batch's scatter into the sink (the last layout row, which must then be past the batch),
+        and slot j of row b picks its token after its first min(j, lengths[b]) drafts (rows past it: token 0)."""
+        qlens = np.asarray(query_lens, dtype=np.int64)
+        drafts = np.asarray(lengths, dtype=np.int64)
+        batch, valid, r = len(qlens), int(qlens.sum()), self.rows
+        assert batch <= self.batch and valid <= self.tokens and (valid == self.tokens or batch < r)
+        view[: 2 * r] = 0
+        view[:batch] = starts
+        view[r : r + batch] = qlens
+        offsets = np.cumsum(qlens) - qlens  # where each row's tokens begin among the packed ones
+        rows = view[2 * r : 2 * r + self.tokens]
+        rows[:valid] = np.arange(valid) + np.repeat(np.arange(batch) * self.q - offsets, qlens)
+        rows[valid:] = (r - 1) * self.q
+        picked = view[2 * r + self.tokens : self.heads].reshape(self.batch, self.width)
+        picked[batch:] = 0
+        first = offsets + qlens - 1 - drafts  # each row's last committed token
+        picked[:batch] = first[:, None] + np.minimum(np.arange(self.width)[None, :], drafts[:, None])
+
+
+@dataclass(frozen=True, slots=True)
+class PackedStep:
+    """The packed verify on device tensors only (what a packed graph captures, and the eager path runs)."""
+
+    model: CausalLM
+    cache: KVCache
+    backend: str
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor, tables: torch.Tensor,
+                 rows: torch.Tensor, picked: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [batch, width, V] at `picked`; into `out` when given (cast there, with no float32 copy first)."""
+        cache, model = self.cache, self.model
+        meta = build_metadata(starts, query_lens, ids.shape[1], tables, cache.block_size, model.config.sliding_window,
+                              self.backend)
+        hidden = model(ids, meta, cache.layers, packed=(rows, picked))
+        if out is None:
+            return model.logits(hidden)
+        assert model.head_weight is not None, "fuse_projections() first"
+        return out.copy_(linear(hidden, model.head_weight))
+
+
+@dataclass(slots=True)
+class PackedCapture:
+    replay: Callable[[], object]  # the graph's replay (or, staged without a graph, the step itself)
+    layout: PackedLayout
+    ids: torch.Tensor  # [bucket + 1, Q]
+    meta: torch.Tensor  # PackedLayout's buffer, block tables [bucket + 1, max_blocks] included
+    logits: torch.Tensor  # [bucket, width, V], a view of the shared output
+    table_revision: int | None = None  # the block tables' revision `meta` holds (None: unknown)
+
+
+@dataclass(slots=True)
+class PackedGraphs:
+    """Packed verifies captured beside a runner's GraphCache: its memory pool, staging ring, capture time,
+    and closed set (once its capture_ahead ran, only shapes captured by then replay)."""
+
+    cache: GraphCache
+    step: PackedStep
+    vocab_size: int
+    steps: dict[PackedKey, PackedCapture] = field(default_factory=dict)
+    replays: int = 0
+    out: torch.Tensor | None = None  # the logits buffer every packed graph writes (they replay one at a time)
+
+    def capture_ahead(self, keys: Iterable[PackedKey]) -> int:
+        """Capture these now (the set closes with the GraphCache's); returns how many were new."""
+        new = [key for key in dict.fromkeys(keys) if key not in self.steps]
+        self.output(max((key[0] * key[2] for key in new), default=0))  # one buffer for all of them
+        for key in new:
+            self._capture(key)
+        return len(new)
+
+    def find(self, batch: int, q: int, width: int, tokens: int, table_width: int) -> PackedKey | None:
+        """The graph for a packed step of `tokens` over `batch` rows of up to q tokens (the fewest tokens per
+        row that hold them); None: run it eagerly (no bucket, too wide, or outside the closed set)."""
+        bucket = GraphCache.bucket(batch)
+        if bucket is None or q > MAX_GRAPH_WIDTH or table_width > self.cache.max_blocks_per_seq:
+            return None
+        held = [key for key in self.steps if key[:3] == (bucket, q, width) and bucket * key[3] >= tokens]
+        if held:
+            return min(held, key=lambda key: key[3])
+        per_row = -(-tokens // bucket)
+        if self.cache.closed:
+            self.cache.say_eager((bucket, q, width, per_row), f"packed verify of up to {bucket} sequences x {q} "
+                                                              f"tokens ({tokens} in all, logits for {width})")
+            return None
+        return bucket, q, width, per_row
+
+    def replay(self, key: PackedKey, ids: torch.Tensor, starts: list[int], query_lens: list[int],
+               lengths: list[int], tables: torch.Tensor, table_revision: int | None) -> torch.Tensor:
+        """Logits [batch, width, V] of the step `find` gave this key for (ids [batch, Q] on the device, tables
+        [batch, w] on the host); captured first if the set is still open."""
+        step = self.steps.get(key) or self._capture(key)
+        layout, batch, w = step.layout, ids.shape[0], tables.shape[1]
+        send_table = table_revision is None or table_revision != step.table_revision
+        buf, view = self.cache.staging.take(layout.heads + (batch * w if send_table else 0))
+        layout.write(view, starts, query_lens, lengths)
+        step.meta[: layout.heads].copy_(buf[: layout.heads], non_blocking=True)
+        if send_table:
+            view[layout.heads : layout.heads + batch * w] = tables.numpy().reshape(-1)
+            sent = buf[layout.heads : layout.heads + batch * w].view(batch, w)
+            layout.split(step.meta)[4][:batch, :w].copy_(sent, non_blocking=True)
+            step.table_revision = table_revision
+        self.cache.staging.sent()
+        step.ids[:batch].copy_(ids)
+        step.replay()
+        self.replays += 1
+        return step.logits[:batch].clone()
+
+    def output(self, numel: int) -> torch.Tensor:
+        """The shared logits buffer, grown to hold `numel` rows of the vocabulary (graphs captured before keep
+        the old one)."""
+        if self.out is None or self.out.numel() < numel * self.vocab_size:
+            with torch.inference_mode(False):  # a plain tensor, whatever mode the first capture runs in
+                self.out = torch.empty(numel * self.vocab_size, dtype=torch.float32, device=self.cache.device)
+        return self.out
+
+    def stage(self, key: PackedKey) -> PackedCapture:
+        """Static buffers for a key and the step over them (what `_capture` records as a graph)."""
+        bucket, q, width, per_row = key
+        layout = PackedLayout(bucket, bucket + 1, q, width, bucket * per_row)
+        device = self.cache.device
+        with torch.inference_mode(False):  # plain tensors: a replay may come from outside inference mode
+            ids = torch.zeros((layout.rows, q), dtype=torch.long, device=device)
+            meta = torch.zeros(layout.heads + layout.rows * self.cache.max_blocks_per_seq, dtype=torch.long,
+                               device=device)
+        starts, lens, rows, picked, tables = layout.split(meta)
+        logits = self.output(bucket * width)[: bucket * width * self.vocab_size].view(bucket, width, -1)
+        return PackedCapture(lambda: self.step(ids, starts, lens, tables, rows, picked, logits), layout, ids, meta,
+                             logits)
+
+    def _capture(self, key: PackedKey) -> PackedCapture:
+        started = time.perf_counter()
+        step = self.stage(key)
+        graph, _ = self.cache.capture(step.replay)
+        step.replay = graph.replay
+        self.steps[key] = step
+        self.cache.capture_ms += (time.perf_counter() - started) * 1000.0
+        return step
+
+
+def selection_keys(top: int, max_k: int, extra: int, min_batch: int) -> list[PackedKey]:
+    """The packed verifies TETRIS steps take with `extra` drafts beyond k = 1..max_k: batches of at least
+    `min_batch` (buckets from its bucket up to `top`) verifying k x batch drafts, so batch x (k + 1) tokens, in a
+    layout k + extra + 1 wide."""
+    first = GraphCache.bucket(min_batch)
+    if first is None or extra <= 0:
+        return []
+    return [(b, k + extra + 1, k + extra + 1, k + 1) for b in BATCH_BUCKETS if first <= b <= top
+            for k in range(1, max_k + 1) if k + extra + 1 <= MAX_GRAPH_WIDTH]
