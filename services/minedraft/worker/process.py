@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 from prometheus_client import start_http_server
 
+from minedraft.batch_manager.config import ManagerConfig
 from minedraft.engine.loader import load_model, parse_dtype
 from minedraft.engine.model import CausalLM
 from minedraft.engine.runner import ModelRunner
@@ -63,15 +64,26 @@ def load_runner(args: argparse.Namespace, tp: TPContext | None = None, load: Mod
 
 def capture_ahead(runner: ModelRunner, args: argparse.Namespace, scoring: bool, name: str) -> None:
     """--capture-batch: every steady step's CUDA graph now, before the first request (runner.capture_ahead).
-    Each graph keeps its float32 logits, so the memory they take is logged with them."""
+    A verifier also captures TETRIS's packed verifies for the policy's default tetris_extra and
+    tetris_min_batch (the live policy is the batch manager's: a verifier starts before it knows it; other
+    values run those verifies eagerly). Each fixed-width graph keeps its float32 logits (the packed ones share
+    one buffer), so the memory they take is logged with them."""
     if args.capture_batch <= 0 or runner.device.type != "cuda":
         return
+    policy = ManagerConfig()
+    selection = (policy.tetris_extra, policy.tetris_min_batch) if scoring else None
+    packed = runner.packed_graphs
     started, reserved = time.monotonic(), torch.cuda.memory_reserved(runner.device)
-    captured = runner.capture_ahead(args.capture_batch, args.capture_k, scoring)
+    packed_before = len(packed.steps) if packed is not None else 0
+    captured = runner.capture_ahead(args.capture_batch, args.capture_k, scoring, selection)
     if captured:
         grown_gb = (torch.cuda.memory_reserved(runner.device) - reserved) / 2**30
-        logging.info("%s: %d CUDA graphs captured (up to %d sequences, k <= %d) in %.1f s, %.2f GiB more reserved",
-                     name, captured, args.capture_batch, args.capture_k, time.monotonic() - started, grown_gb)
+        new_packed = (len(packed.steps) if packed is not None else 0) - packed_before
+        tetris = (f"; {new_packed} of them TETRIS packed verifies, tetris_extra {selection[0]}, batches >= "
+                  f"{selection[1]}" if selection is not None and new_packed else "")
+        logging.info("%s: %d CUDA graphs captured (up to %d sequences, k <= %d%s) in %.1f s, %.2f GiB more reserved",
+                     name, captured, args.capture_batch, args.capture_k, tetris, time.monotonic() - started,
+                     grown_gb)
 
 
 def worker_telemetry(args: argparse.Namespace, executor: StepExecutor) -> WorkerTelemetry | None:
