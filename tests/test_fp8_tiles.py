@@ -58,6 +58,7 @@ def test_other_shapes_and_schemes_take_the_default(tmp_path: Path) -> None:
     ({"split": 3}, "does not divide"),
     ({"block_t": 8}, "not one the kernel takes"),
     ({"warps": 2}, "not supported"),
+    ({"split": 1, "fused": True}, "need a split"),
 ])
 def test_invalid_entries_are_rejected_with_the_reason_and_fall_back(tmp_path: Path, bad: dict, reason: str) -> None:
     raw = entry(int(bad.pop("chunks", 4)), **bad)
@@ -90,7 +91,8 @@ def test_the_env_var_names_the_table_and_a_missing_one_is_an_error(tmp_path: Pat
 
 
 def test_to_json_round_trips() -> None:
-    shape = ShapeTiles(2, (Bucket(1, Tile(64, 16, 4, 6, 2)), Bucket(2048, Tile(128, 64, 8, 4, 1, True))))
+    shape = ShapeTiles(2, (Bucket(1, Tile(64, 16, 4, 6, 2, fused=True, tma=True)),
+                           Bucket(2048, Tile(128, 64, 8, 4, 1, True))))
     data = json.loads(json.dumps(tiles.to_json({"block:28672x4096": shape}, "H200", SMS, {"x": 1})))
     assert tiles.parse_table(data, "mem").shapes == {"block:28672x4096": shape}
 
@@ -112,8 +114,25 @@ def test_the_search_space_only_holds_choices_the_kernel_takes(gemm: str) -> None
         for m in space.M_BUCKETS:
             for tile in space.tiles_for("block", m):
                 assert tile.block_t >= min(16, m) and (m <= 16) == (tile.block_t == 16)
-                for split in space.splits_for(chunks, tile, n, m, SMS):
-                    space.with_split(tile, split).check(chunks)
+                splits = space.split_tiles(chunks, tile, n, m, SMS)
+                assert splits[0] == space.with_split(tile, 1) and len(set(splits)) == len(splits)
+                for split in splits:
+                    split.check(chunks)
+                    assert split.fused or split.split == 1 or split.split == chunks or m > space.DECODE_M
+                    if m <= space.DECODE_M:  # decode programs stay within eight per multiprocessor
+                        assert split.split == 1 or -(-n // tile.block_n) * split.split <= 8 * SMS
+
+
+def test_decode_splits_cover_every_divisor_that_fits() -> None:
+    """o (4096 x 4096) with 16 chunks and 128-row tiles (32 of them): splits 1, 2, 4, 8, 16 fused, 16 by a
+    second kernel; 256-row tensor-memory tiles have no second-kernel reference."""
+    pointer = space.split_tiles(16, Tile(128, 16, 4, 4), 4096, 1, SMS)
+    assert [(t.split, t.fused) for t in pointer] == [(1, False), (2, True), (4, True), (8, True), (16, True),
+                                                     (16, False)]
+    tma = space.split_tiles(16, Tile(256, 16, 4, 4, tma=True), 4096, 1, SMS)
+    assert [(t.split, t.fused, t.tma) for t in tma] == [(1, False, True), (2, True, True), (4, True, True),
+                                                        (8, True, True), (16, True, True)]
+    assert space.split_tiles(1, Tile(64, 16, 4, 4), 28672, 1, SMS) == [Tile(64, 16, 4, 4)]
 
 
 def test_the_sweep_compiles_each_kernel_once_and_stays_small() -> None:
@@ -123,8 +142,9 @@ def test_the_sweep_compiles_each_kernel_once_and_stays_small() -> None:
         keys = set(space.kernel_keys(scheme, chunks, tile))
         assert not keys <= seen
         seen |= keys
-    assert len({key for key in seen if key[0] != "sum"}) <= 70
+    assert len({key for key in seen if key[0] != "sum"}) <= 330  # about 30 s in the tuner's 14 workers
     assert all(not tile.prequant for scheme, *_, tile in jobs if scheme == "channel")
+    assert all(tile.split > 1 for *_, tile in jobs if tile.fused)
 
 
 def test_best_ignores_failed_cells() -> None:
@@ -132,3 +152,21 @@ def test_best_ignores_failed_cells() -> None:
              space.Cell("block", "o", 1, 4, Tile(64, 16, 4, 4), us=9.0),
              space.Cell("block", "o", 1, 4, Tile(128, 16, 4, 3), us=7.5)]
     assert space.best(cells) is cells[2] and space.best(cells[:1]) is None
+
+
+def test_fused_tma_and_pdl_are_read_and_default_to_off(tmp_path: Path) -> None:
+    table = tiles.load_table(write(tmp_path, {"block:6144x4096": entry(8, split=4, fused=True, tma=True, pdl=True),
+                                              "block:4096x4096": entry()}))
+    assert tiles.choose(table, "block", 6144, 4096, 1, SMS)[1] == Tile(64, 16, 4, 4, 4, False, True, True, True)
+    assert tiles.choose(table, "block", 4096, 4096, 1, SMS)[1] == Tile(64, 16, 4, 4, 4, False, False, False, False)
+
+
+def test_untimed_buckets_keep_the_base_tile_only_with_the_same_chunks() -> None:
+    from minedraft.bench.gpu.fp8_tune import kept_tile
+
+    base = TileTable({"block:6144x4096": ShapeTiles(8, (Bucket(16, Tile(128, 16, 4, 4, 8, fused=True)),
+                                                        Bucket(10**9, Tile(128, 128, 8, 3))))}, "mem")
+    assert kept_tile(base, "block", 6144, 4096, 16, 8, SMS) == Tile(128, 16, 4, 4, 8, fused=True)
+    assert kept_tile(base, "block", 6144, 4096, 300, 8, SMS) == Tile(128, 128, 8, 3)
+    assert kept_tile(base, "block", 6144, 4096, 16, 4, SMS) == tiles.default_tile("block", 6144, 16, 4, SMS)
+    assert kept_tile(base, "channel", 6144, 4096, 1, 8, SMS) == tiles.default_tile("channel", 6144, 1, 8, SMS)

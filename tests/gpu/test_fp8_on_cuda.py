@@ -72,6 +72,76 @@ def test_a_rows_result_does_not_depend_on_the_batch(scheme: str, kernel_device: 
         assert torch.equal(part, full[-m:]), f"M={m}"
 
 
+# (N, K, chunks) and the tiles compared with one pointer-load program per tile (split 1): every way of
+# cutting the work (split programs, their sums added by the last one or by a second kernel, one chunk
+# per program, tensor-memory loads, activations quantized first, dependent launches (plain under the
+# interpreter), wide and narrow tiles) at several M
+VARIANT_SHAPE = (192, 512, 4) if QUICK else (4096, 14336, 8)
+VARIANT_MS = [1, 3, 17] if QUICK else [1, 5, 16, 64, 300]
+
+
+def variant_tiles(chunks: int) -> list:
+    from minedraft.engine.cuda.fp8_tiles import Tile
+
+    return [Tile(128, 16, 4, 4, chunks, fused=True, tma=True), Tile(256, 16, 4, 4, chunks // 2, fused=True, tma=True),
+            Tile(128, 16, 4, 3, chunks), Tile(64, 16, 4, 6, 2, fused=True, tma=True, pdl=True),
+            Tile(128, 16, 4, 4, 1, prequant=True, tma=True, pdl=True), Tile(64, 32, 4, 3, chunks // 2, fused=True)]
+
+
+@pytest.mark.parametrize("scheme", ["block", "channel"])
+def test_every_tile_split_and_load_gives_the_same_bits(scheme: str, kernel_device: torch.device) -> None:
+    from minedraft.engine.cuda import fp8_gemm as gemm
+    from minedraft.engine.cuda import fp8_launch as launch
+    from minedraft.engine.cuda.fp8_tiles import Tile
+
+    n, k, chunks = VARIANT_SHAPE
+    weight = fp8_weight(n, k, scheme, 128, kernel_device, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    x = (torch.randn(max(VARIANT_MS), k, generator=gen) * torch.exp(torch.randn(k, generator=gen))).to(torch.bfloat16)
+    x, bias = x.to(kernel_device), torch.randn(n, generator=gen).to(torch.bfloat16).to(kernel_device)
+    want = gemm.fp8_gemm_with(x, weight, chunks, Tile(64, 16, 4, 3), bias)
+    for tile in variant_tiles(chunks):
+        for m in VARIANT_MS:
+            got = gemm.fp8_gemm_with(x[-m:], weight, chunks, tile, bias)
+            assert torch.equal(got, want[-m:]), f"{tile} M={m}"
+    counts = launch.ARRIVAL_COUNTS.by_device[x.device]
+    assert int(counts.count_nonzero()) == 0  # every launch left its tiles' counts at zero
+
+
+def test_fused_sums_inside_a_cuda_graph_and_the_capture_fallback(cuda_device: torch.device,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replays of a captured split GEMM equal eager calls, both where the counts were made before the
+    capture (the fused sums) and where they were not (the second kernel adds the chunks)."""
+    from minedraft.engine.cuda import fp8_gemm as gemm
+    from minedraft.engine.cuda import fp8_launch as launch
+    from minedraft.engine.cuda.fp8_tiles import Tile
+
+    weight = fp8_weight(6144, 4096, "block", 128, cuda_device, seed=5)
+    tile = Tile(128, 16, 4, 4, 8, fused=True, tma=True)
+    x = torch.randn(4, 4096, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16).to(cuda_device)
+    want = gemm.fp8_gemm_with(x, weight, 8, Tile(64, 16, 4, 3))
+    made_before = launch.ARRIVAL_COUNTS
+    made_before.get(x.device, 1)
+    for counts in (made_before, launch.ArrivalCounts()):
+        monkeypatch.setattr(gemm, "ARRIVAL_COUNTS", counts)
+        side = torch.cuda.Stream(cuda_device)
+        side.wait_stream(torch.cuda.current_stream(cuda_device))
+        with torch.cuda.stream(side):
+            gemm.fp8_gemm_with(x, weight, 8, Tile(128, 16, 4, 4, 8, tma=True))  # compiled outside the capture
+            if counts is made_before:
+                gemm.fp8_gemm_with(x, weight, 8, tile)
+        torch.cuda.current_stream(cuda_device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = gemm.fp8_gemm_with(x, weight, 8, tile)
+        for _ in range(3):
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want)
+        assert (x.device in counts.by_device) == (counts is made_before)
+
+
 def test_greedy_sd_with_an_fp8_target_equals_ar_on_cuda(cuda_device: torch.device, tmp_path: Path) -> None:
     from minedraft.bench.fp8_quantizer import write_fp8_checkpoint
     from minedraft.bundled import TINY_DRAFT, TINY_TARGET

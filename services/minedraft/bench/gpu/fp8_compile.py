@@ -1,7 +1,7 @@
 """Compile the FP8 sweep's kernels ahead, in worker processes, into Triton's disk cache.
 
 Triton compiles each kernel variant once (about a second, mostly single-threaded), so the sweep's
-~80 variants would take most of its budget in one process. Workers launch each distinct variant
+~200 variants would take most of its budget in one process. Workers launch each distinct variant
 once on empty tensors of the real shapes (the same specialization the timed launches get), and the
 tuner's own launches then load them from the cache. Anything a worker misses, the tuner compiles
 itself; a worker's failure only costs time.
@@ -28,11 +28,11 @@ def sweep_jobs(schemes: list[str], sms: int) -> list[Job]:
             for n, k in space.shapes_8b().values():
                 for chunks in space.chunk_choices(n, k, sms):
                     for tile in space.tiles_for(scheme, m):
-                        for split in space.splits_for(chunks, tile, n, m, sms):
-                            keys = space.kernel_keys(scheme, chunks, space.with_split(tile, split))
+                        for split in space.split_tiles(chunks, tile, n, m, sms):
+                            keys = space.kernel_keys(scheme, chunks, split)
                             if not seen.issuperset(keys):
                                 seen.update(keys)
-                                jobs.append((scheme, n, k, m, chunks, space.with_split(tile, split)))
+                                jobs.append((scheme, n, k, m, chunks, split))
     return jobs
 
 

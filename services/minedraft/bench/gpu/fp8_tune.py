@@ -5,9 +5,11 @@ summation order) from batch-1 timings, then per M bucket the fastest tile and K-
 as GPU time from CUDA-graph replays of many back-to-back GEMMs over rotating weight copies (more
 bytes than the L2 holds), beside bf16 `F.linear` and the bandwidth bound (bytes over the measured
 copy rate). Before the table is written, every row of every tuned shape must have the same bits at
-every M of `CHECK_MS` as at M = 2048; a shape that fails keeps the default and is reported.
-Writes OUTDIR/fp8_tiles.json (the format `engine/cuda/fp8_tiles.py` reads) and fp8_tune.json/.md.
-Past the deadline the remaining buckets keep the default tile (the table says which).
+every M of `CHECK_MS` as at M = 2048 (shapes kept from the base table too); a shape that fails
+takes the default and is reported. Writes OUTDIR/fp8_tiles.json (the format `engine/cuda/fp8_tiles.py`
+reads) and fp8_tune.json/.md. Shapes of schemes not tuned, and shapes past the deadline, keep the
+base table's entry (`--base`, the committed table by default); buckets past it keep the base
+table's tile where the chunk count is the same, else the default (the table says which).
 """
 
 from __future__ import annotations
@@ -23,7 +25,17 @@ from torch.nn import functional as F
 
 from minedraft.bench.gpu import fp8_space as space
 from minedraft.bench.gpu.fp8_space import Cell
-from minedraft.engine.cuda.fp8_tiles import Bucket, ShapeTiles, Tile, TileTable, choose, default_tile, shape_key
+from minedraft.engine.cuda.fp8_tiles import (
+    COMMITTED,
+    Bucket,
+    ShapeTiles,
+    Tile,
+    TileTable,
+    choose,
+    default_tile,
+    load_table,
+    shape_key,
+)
 from minedraft.engine.fp8_weights import Fp8Weight
 
 ROTATE_BYTES = 256 << 20  # weight bytes cycled through per timed graph: several times the H200's 50 MB L2
@@ -92,36 +104,48 @@ def time_cell(cell: Cell, weights: list[Fp8Weight], x: torch.Tensor) -> Cell:
     return cell
 
 
-def tune_shape(scheme: str, gemm: str, n: int, k: int, sms: int, deadline: float,
+def kept_tile(base: TileTable, scheme: str, n: int, k: int, m: int, chunks: int, sms: int) -> Tile:
+    """An untimed bucket's tile: the base table's, where it has the shape with the same chunk count,
+    else the default."""
+    entry = base.shape(scheme, n, k)
+    if entry is not None and entry.chunks == chunks:
+        return entry.tile(m)
+    return default_tile(scheme, n, m, chunks, sms)
+
+
+def tune_shape(scheme: str, gemm: str, n: int, k: int, sms: int, deadline: float, base: TileTable,
                cells: list[Cell]) -> tuple[ShapeTiles, list[dict]]:
-    """The shape's chunk count and per-bucket tiles, and one summary row per bucket."""
+    """The shape's chunk count and per-bucket tiles, and one summary row per bucket. M = 1 times the
+    whole decode space for each chunk count; M up to DECODE_M only the fastest of those."""
     weights, dense = rotated_weights(n, k, scheme)
     x_all = torch.randn(max(space.M_BUCKETS), k, device=DEVICE, dtype=torch.bfloat16)
-    by_chunks = {}
-    for chunks in space.chunk_choices(n, k, sms):
-        tried = [time_cell(Cell(scheme, gemm, 1, chunks, space.with_split(t, s)), weights, x_all[:1])
-                 for t in space.tiles_for(scheme, 1) for s in space.splits_for(chunks, t, n, 1, sms)
-                 if time.monotonic() < deadline]
+
+    def sweep(m: int, tiles: list[tuple[int, Tile]]) -> list[Cell]:
+        tried = [time_cell(Cell(scheme, gemm, m, chunks, tile), weights, x_all[:m])
+                 for chunks, tile in tiles if time.monotonic() < deadline]
         cells.extend(tried)
-        if (top := space.best(tried)) is not None:
-            by_chunks[chunks] = top
-    chunks = min(by_chunks, key=lambda c: by_chunks[c].us or 0.0) if by_chunks else space.chunk_choices(n, k, sms)[0]
+        return tried
+
+    first = sweep(1, [(c, st) for c in space.chunk_choices(n, k, sms)
+                      for t in space.tiles_for(scheme, 1) for st in space.split_tiles(c, t, n, 1, sms)])
+    top = space.best(first)
+    chunks = top.chunks if top is not None else space.chunk_choices(n, k, sms)[0]
+    decode = space.fastest([c for c in first if c.chunks == chunks], space.RETIME)
     buckets, rows = [], []
     for m in space.M_BUCKETS:
-        x = x_all[:m]
-        tried = [] if m == 1 else [
-            time_cell(Cell(scheme, gemm, m, chunks, space.with_split(t, s)), weights, x)
-            for t in space.tiles_for(scheme, m) for s in space.splits_for(chunks, t, n, m, sms)
-            if time.monotonic() < deadline]
-        cells.extend(tried)
-        top = by_chunks.get(chunks) if m == 1 else space.best(tried)
-        tile = top.tile if top is not None else default_tile(scheme, n, m, chunks, sms)
+        if m > 1:
+            tiles = ([(chunks, c.tile) for c in decode] if m <= space.DECODE_M else
+                     [(chunks, st) for t in space.tiles_for(scheme, m)
+                      for st in space.split_tiles(chunks, t, n, m, sms)])
+            top = space.best(sweep(m, tiles))
+        tile = top.tile if top is not None else kept_tile(base, scheme, n, k, m, chunks, sms)
         buckets.append(Bucket(m, tile))
-        bf16_us = graph_us([lambda d=d, x=x: F.linear(x, d) for d in dense])
+        bf16_us = graph_us([lambda d=d, x=x_all[:m]: F.linear(x, d) for d in dense])
         rows.append({"scheme": scheme, "gemm": gemm, "n": n, "k": k, "m": m, "chunks": chunks, "tile": tile,
                      "tuned": top is not None, "fp8_us": top.us if top is not None else None, "bf16_us": bf16_us,
                      "bytes": fp8_bytes(n, k, m, scheme)})
-    del weights, dense
+    weights.clear()
+    dense.clear()
     torch.cuda.empty_cache()
     return ShapeTiles(chunks, tuple(buckets)), rows
 
@@ -146,14 +170,15 @@ def rows_m_independent(table: TileTable, scheme: str, n: int, k: int, sms: int) 
 
 
 def markdown(rows: list[dict], copy_bps: float, checks: dict[str, object]) -> str:
-    lines = ["| scheme | gemm | M | chunks | tile (n x t, warps, stages, split, prequant) | fp8 us | bound us | "
-             "fp8/bound | bf16 us | fp8/bf16 |", "|" + " --- |" * 10]
+    lines = ["| scheme | gemm | M | chunks | tile (n x t, warps, stages, split, prequant, fused, tma) | fp8 us | "
+             "bound us | fp8/bound | bf16 us | fp8/bf16 |", "|" + " --- |" * 10]
     for r in rows:
         t: Tile = r["tile"]
         bound = r["bytes"] / copy_bps * 1e6
         fp8 = r["fp8_us"]
+        kept = "" if r["tuned"] else " (kept: out of time)"
         lines.append(f"| {r['scheme']} | {r['gemm']} | {r['m']} | {r['chunks']} | {t.block_n}x{t.block_t}, {t.warps}, "
-                     f"{t.stages}, {t.split}, {t.prequant}{'' if r['tuned'] else ' (default: out of time)'} | "
+                     f"{t.stages}, {t.split}, {t.prequant}, {t.fused}, {t.tma}{kept} | "
                      + (f"{fp8:.1f} | {bound:.1f} | {fp8 / bound:.2f} | {r['bf16_us']:.1f} | {fp8 / r['bf16_us']:.2f} |"
                         if fp8 is not None else f"- | {bound:.1f} | - | {r['bf16_us']:.1f} | - |"))
     lines += ["", "Rows bit-identical across M (chosen table): "
@@ -167,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline", type=float, default=90.0, help="seconds from start for the whole run")
     p.add_argument("--schemes", default="block,channel")
     p.add_argument("--workers", type=int, default=12, help="processes compiling kernels ahead (0: none)")
+    p.add_argument("--base", type=Path, default=COMMITTED,
+                   help="table whose entries serve the shapes and buckets not timed here (default: the committed one)")
     args = p.parse_args(argv)
     from minedraft.bench.gpu.fp8_compile import precompile
     from minedraft.bench.gpu.timing import ceilings, log
@@ -181,15 +208,17 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = ceilings()
     copy_bps = ceiling["copy_GBps"] * 1e9
     tune_deadline = t0 + args.deadline - CHECK_SECONDS
-    shapes: dict[str, ShapeTiles] = {}
+    base = load_table(args.base)
+    shapes: dict[str, ShapeTiles] = dict(base.shapes)  # replaced below by what is tuned
     rows: list[dict] = []
     cells: list[Cell] = []
     for scheme in schemes:
         for gemm, (n, k) in space.shapes_8b().items():
             if time.monotonic() > tune_deadline:
-                log(f"out of time: {scheme} {gemm} keeps the default tiles")
+                log(f"out of time: {scheme} {gemm} keeps {base.source if base.shape(scheme, n, k) else 'the default'}")
                 continue
-            shapes[shape_key(scheme, n, k)], shape_rows = tune_shape(scheme, gemm, n, k, sms, tune_deadline, cells)
+            shapes[shape_key(scheme, n, k)], shape_rows = tune_shape(scheme, gemm, n, k, sms, tune_deadline, base,
+                                                                     cells)
             rows += shape_rows
             log(f"{scheme} {gemm}: chunks {shape_rows[0]['chunks']}, " + ", ".join(
                 f"m={r['m']} {r['fp8_us']:.1f}/{r['bf16_us']:.1f}us" for r in shape_rows if r["fp8_us"]))

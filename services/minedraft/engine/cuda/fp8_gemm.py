@@ -7,10 +7,15 @@ table in `fp8_tiles.py`), each chunk's blocks are summed in order, each block's 
 (wgmma, e4m3 x e4m3 -> fp32, at every M: no FMA path whose rounding would differ) is promoted to
 fp32 and scaled before it is added, and the chunk sums are added in order. The choices made per M
 only move work around that order: tile sizes, warps, stages; `split` programs along K that each
-write their chunks' sums for `_sum_chunks_kernel` to add in order (decode: the weight stream fills
-the GPU) or one program that loops over all chunks (large M); for block weights, activations
-quantized inside the GEMM (small M) or once by `_quant_groups_kernel` (large M), with the same
-`_quantize`, so the same bits.
+write their chunks' sums (decode: the weight stream fills the GPU), added in order either by the
+tile's last program to finish (`fused`: it counts arrivals in a per-tile counter, so no second
+launch) or by `_sum_chunks_kernel`, or one program that loops over all chunks (large M); weights
+and (bf16) activations through pointer loads or the tensor memory accelerator (`tma`: the same
+bytes reach the same wgmma); for block weights, activations quantized inside the GEMM (small M) or once by
+`_quant_groups_kernel` (large M), with the same `_quantize`, so the same bits; `pdl`, a launch
+that may begin while the previous kernel finishes (programmatic dependent launch: the program
+sends its first weight blocks towards L2, then waits for that kernel before touching anything
+else), which moves only time.
 
 The product is computed transposed (weights on the tensor core's M side, tokens on its N side),
 so a batch of one wastes a 16-wide token tile instead of a 64-row one. Outputs come from
@@ -19,18 +24,22 @@ torch.empty and no host synchronisation happens, so it is safe inside CUDA graph
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.tools.tensor_descriptor import TensorDescriptor
 
+from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS, has_pdl, has_tma, multiprocessors, tma_fits
 from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile, active_table, choose
 from minedraft.engine.cuda.paged_attention import _INTERPRET  # noqa: F401  (applies the interpreter shim)
 from minedraft.engine.fp8_weights import ACT_EPS, Fp8Weight
 
 GROUP = tl.constexpr(BLOCK_K)  # the K block, as the kernels see it
 QUANT_ROWS = 16  # tokens per program of _quant_groups_kernel
+PREFETCH_BLOCKS = tl.constexpr(4)  # K blocks of weights a program sends towards L2 before it waits (PDL)
 
 
 @triton.jit
@@ -71,11 +80,21 @@ def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, EPS: tl.constexpr, BLOC
         tl.store(q_ptr + row * K + k0 + cols, q, mask=k0 + cols < K)
 
 
+@triton.jit
+def _write_out(total, bias_ptr, out_ptr, offs_n, offs_t, n_mask, t_mask, N, HAS_BIAS: tl.constexpr):
+    """A tile's finished fp32 sums, plus the bias, in the output dtype (every path ends here)."""
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    out = out_ptr + offs_t[None, :] * N + offs_n[:, None]
+    tl.store(out, total.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & t_mask[None, :])
+
+
 @triton.jit(do_not_specialize=["M", "num_kb", "kb_per_chunk", "kb_per_prog", "stride_xs"])
 def _fp8_gemm_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr,
+    x_ptr, x_desc, xs_ptr, w_ptr, w_desc, ws_ptr, bias_ptr, out_ptr, part_ptr, count_ptr,
     M, N, K, stride_x, stride_xs, stride_ws, num_kb, kb_per_chunk, kb_per_prog,
     BLOCK_SCALES: tl.constexpr, QUANT_X: tl.constexpr, SCALE_ROWS: tl.constexpr, GRID_SPLIT: tl.constexpr,
+    FUSED_SUM: tl.constexpr, WHOLE_CHUNK: tl.constexpr, TMA: tl.constexpr, TMA_X: tl.constexpr, PDL: tl.constexpr,
     HAS_BIAS: tl.constexpr, EPS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -88,6 +107,8 @@ def _fp8_gemm_kernel(
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
     x_rows = x_ptr + offs_t[:, None].to(tl.int64) * stride_x
     scale_rows = ws_ptr + (offs_n // SCALE_ROWS) * stride_ws
+    parts = part_ptr + offs_t[None, :] * N + offs_n[:, None]  # chunk c's sums: parts + c * M * N
+    tile_mask = n_mask[:, None] & t_mask[None, :]
     # The scales stay vectors and their outer product is formed per block (a loop-carried tile of
     # them would hold a whole accumulator's worth of registers); the same product either way.
     row_s = tl.zeros((BLOCK_N,), tl.float32)
@@ -96,18 +117,33 @@ def _fp8_gemm_kernel(
         tok_s = tl.load(xs_ptr + offs_t, mask=t_mask, other=0.0)
         row_s = tl.load(scale_rows, mask=n_mask, other=0.0)
     # One loop over this program's K blocks; at each chunk's end its sum joins the total (or, split
-    # over programs, is written for _sum_chunks_kernel), so the order is the same either way.
+    # over programs, is written for the ordered addition), so the order is the same either way. A
+    # program that covers exactly one chunk (WHOLE_CHUNK) does the same after the loop, branch-free.
     kb_lo = tl.program_id(2) * kb_per_prog if GRID_SPLIT else 0
     kb_hi = kb_lo + kb_per_prog if GRID_SPLIT else num_kb  # the splits cut num_kb exactly
+    if PDL:  # launched while the previous kernel finishes: start this program's weights towards L2 (they
+        # are constant), then wait for that kernel's writes before reading activations or writing anything
+        first = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64) * K + kb_lo * GROUP
+        for p in tl.static_range(PREFETCH_BLOCKS):
+            if kb_lo + p < kb_hi:
+                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [first + p * GROUP],
+                                          dtype=tl.int32, is_pure=False, pack=1)
+        gdc_wait()
     total = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
     for kb in range(kb_lo, kb_hi):
         k = kb * GROUP + offs_k
         k_mask = k < K
-        w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        if TMA:  # out-of-range rows and columns arrive as zeros, as the masked loads give
+            w = w_desc.load([pid_n * BLOCK_N, kb * GROUP])
+        else:
+            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         x_mask = t_mask[:, None] & k_mask[None, :]
         if QUANT_X:  # block weights, bf16 activations: quantize this 128-group here
-            x = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
+            if TMA_X:  # pipelined like the weights (rows past M arrive as zeros)
+                x = x_desc.load([pid_t * BLOCK_T, kb * GROUP])
+            else:
+                x = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
             xq, xs = _quantize(x.to(tl.float32), EPS)
         else:
             xq = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
@@ -119,18 +155,35 @@ def _fp8_gemm_kernel(
         else:
             ws = row_s
         acc += tl.dot(w, tl.trans(xq)) * (ws[:, None] * xs[None, :])
-        if (kb + 1) % kb_per_chunk == 0:  # a chunk ends
-            if GRID_SPLIT:
-                part = part_ptr + (kb // kb_per_chunk) * M * N + offs_t[None, :] * N + offs_n[:, None]
-                tl.store(part, acc, mask=n_mask[:, None] & t_mask[None, :])
-            else:
-                total += acc
-            acc = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
+        if not WHOLE_CHUNK:  # noqa: SIM102  (a compile-time choice around a runtime test)
+            if (kb + 1) % kb_per_chunk == 0:  # a chunk ends
+                if GRID_SPLIT:
+                    tl.store(parts + (kb // kb_per_chunk) * M * N, acc, mask=tile_mask)
+                else:
+                    total += acc
+                acc = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
+    if PDL:
+        gdc_launch_dependents()  # the next kernel may start its own prologue now
+    if WHOLE_CHUNK:
+        if GRID_SPLIT:
+            tl.store(parts + (kb_lo // kb_per_chunk) * M * N, acc, mask=tile_mask)
+        else:
+            total += acc
     if not GRID_SPLIT:
-        if HAS_BIAS:
-            total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        out = out_ptr + offs_t[None, :] * N + offs_n[:, None]
-        tl.store(out, total.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & t_mask[None, :])
+        _write_out(total, bias_ptr, out_ptr, offs_n, offs_t, n_mask, t_mask, N, HAS_BIAS)
+    elif FUSED_SUM:
+        # The tile's last program to arrive adds every chunk's sums in chunk order (which program
+        # arrives last does not matter: all sums are written before the count rises) and leaves
+        # the count at zero for the next launch. One thread takes the ticket after the barrier,
+        # with release and acquire at GPU scope, as CUTLASS's split-K semaphore does.
+        tl.debug_barrier()
+        count = count_ptr + pid_t * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(2) - 1:
+            for c in range(0, num_kb // kb_per_chunk):
+                total += tl.load(parts + c * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
+            _write_out(total, bias_ptr, out_ptr, offs_n, offs_t, n_mask, t_mask, N, HAS_BIAS)
+            tl.store(count, 0)
 
 
 @triton.jit(do_not_specialize=["MN"])
@@ -146,18 +199,13 @@ def _sum_chunks_kernel(part_ptr, bias_ptr, out_ptr, MN, N, CHUNKS: tl.constexpr,
     tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132  # the interpreter: an H100/H200's count, so CPU runs take the same paths
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def fp8_gemm(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] (bf16/fp16/fp32) times the FP8 weight, in x's dtype, with the active tile table's choice."""
     k, n = weight.in_features, weight.out_features
     m = x.numel() // k if k else 0
-    chunks, tile = choose(active_table(), weight.scheme, n, k, m, _multiprocessors(x.device))
+    chunks, tile = choose(active_table(), weight.scheme, n, k, m, multiprocessors(x.device))
+    if tile.tma and not (has_tma(x.device) and tma_fits(weight.qweight)):
+        tile = dataclasses.replace(tile, tma=False)  # the same bits through pointer loads
     return fp8_gemm_with(x, weight, chunks, tile, bias)
 
 
@@ -166,6 +214,8 @@ def fp8_gemm_with(x: torch.Tensor, weight: Fp8Weight, chunks: int, tile: Tile,
     """fp8_gemm with the chunk count and tile given (the tuner's entry point; `chunks` must divide K's
     block count and `tile.split` the chunks)."""
     k, n = weight.in_features, weight.out_features
+    if tile.pdl and not has_pdl(x.device):
+        tile = dataclasses.replace(tile, pdl=False)
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -191,16 +241,22 @@ def fp8_gemm_with(x: torch.Tensor, weight: Fp8Weight, chunks: int, tile: Tile,
         stride_x, stride_xs = k, 1
     kb_per_chunk = num_kb // chunks
     split = tile.split > 1
-    part = torch.empty((chunks, m, n), dtype=torch.float32, device=x.device) if split else out
     grid = (triton.cdiv(n, tile.block_n), triton.cdiv(m, tile.block_t), tile.split)
+    counts = ARRIVAL_COUNTS.get(x.device, grid[0] * grid[1]) if split and tile.fused else None
+    part = torch.empty((chunks, m, n), dtype=torch.float32, device=x.device) if split else out
+    w_desc = TensorDescriptor.from_tensor(weight.qweight, [tile.block_n, BLOCK_K]) if tile.tma else weight.qweight
+    tma_x = tile.tma and quant_x and act.stride(0) * act.element_size() % 16 == 0 and act.data_ptr() % 16 == 0
+    x_desc = (TensorDescriptor(act, [m, k], [act.stride(0), 1], [tile.block_t, BLOCK_K]) if tma_x else act)
     _fp8_gemm_kernel[grid](
-        act, act_scale, weight.qweight, weight.scale, bias if bias is not None else out, out, part,
+        act, x_desc, act_scale, weight.qweight, w_desc, weight.scale, bias if bias is not None else out, out, part,
+        counts if counts is not None else out,
         m, n, k, stride_x, stride_xs, weight.scale.stride(0), num_kb, kb_per_chunk, kb_per_chunk * chunks // tile.split,
         BLOCK_SCALES=block, QUANT_X=quant_x, SCALE_ROWS=weight.scale_rows, GRID_SPLIT=split,
+        FUSED_SUM=counts is not None, WHOLE_CHUNK=tile.split == chunks, TMA=tile.tma, TMA_X=tma_x, PDL=tile.pdl,
         HAS_BIAS=bias is not None, EPS=ACT_EPS, BLOCK_N=tile.block_n, BLOCK_T=tile.block_t,
-        num_warps=tile.warps, num_stages=tile.stages,
+        num_warps=tile.warps, num_stages=tile.stages, launch_pdl=tile.pdl,
     )
-    if split:
+    if split and counts is None:
         size = 1024
         _sum_chunks_kernel[(triton.cdiv(m * n, size),)](
             part, bias if bias is not None else out, out, m * n, n, CHUNKS=chunks, HAS_BIAS=bias is not None,

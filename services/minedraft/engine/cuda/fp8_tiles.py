@@ -3,7 +3,8 @@
 Two kinds of choice live here. `chunks`, how many pieces a row's K sum is cut into, fixes the
 summation order, so it is one number per (scheme, N, K) and never depends on M: that is what keeps
 a row's bits the same in every batch (SD == AR). Everything chosen per M (tile sizes, warps,
-pipeline stages, how many programs share the chunks along K, whether block activations are
+pipeline stages, how many programs share the chunks along K and how their chunk sums are added,
+whether the weights stream through the tensor memory accelerator, whether block activations are
 quantized by a kernel of their own first) only changes the speed.
 
 The table is JSON (`bench/gpu/fp8_tune.py` writes it; `fp8_tiles.json` beside this file is the
@@ -11,11 +12,12 @@ committed one, `MINEDRAFT_FP8_TILES=path` names another), read on the first GEMM
 
     {"format": 1, "device": "...", "multiprocessors": 132,
      "shapes": {"block:6144x4096": {"chunks": 4, "buckets": [
-         {"max_m": 1, "block_n": 64, "block_t": 16, "warps": 4, "stages": 4, "split": 4, "prequant": false},
+         {"max_m": 1, "block_n": 64, "block_t": 16, "warps": 4, "stages": 4, "split": 4, "prequant": false,
+          "fused": true, "tma": true, "pdl": true},
          ...]}}}
 
-A bucket serves every M up to its max_m (the last one every M above too). Shapes not in the table,
-and entries that fail validation, take the default below.
+A bucket serves every M up to its max_m (the last one every M above too); `fused`, `tma` and `pdl`
+may be left out (false). Shapes not in the table, and entries that fail validation, take the default below.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class Tile:
     stages: int
     split: int = 1  # programs along K; each takes chunks // split whole chunks (1: one program loops)
     prequant: bool = False  # block scheme: quantize activations in a kernel of their own first
+    fused: bool = False  # split: the last program of a tile adds the chunk sums (else a second kernel)
+    tma: bool = False  # weights loaded by the tensor memory accelerator (Hopper), else by pointer loads
+    pdl: bool = False  # programmatic dependent launch (Hopper): weights prefetched while the previous kernel ends
 
     def check(self, chunks: int) -> None:
         if self.block_n not in BLOCK_N_CHOICES or self.block_t not in BLOCK_T_CHOICES:
@@ -53,6 +58,8 @@ class Tile:
             raise ValueError(f"{self.warps} warps / {self.stages} stages are not supported")
         if self.split < 1 or chunks % self.split:
             raise ValueError(f"split {self.split} does not divide the {chunks} chunks")
+        if self.fused and self.split == 1:
+            raise ValueError("fused chunk sums need a split")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +112,7 @@ def default_tile(scheme: str, n: int, m: int, chunks: int, multiprocessors: int)
         block_n, block_t, warps, stages = 128, 128, 8, 3
     tiles = -(-n // block_n) * -(-m // block_t)
     split = chunks if chunks > 1 and tiles < multiprocessors else 1
-    return Tile(block_n, block_t, warps, stages, split, prequant=False)
+    return Tile(block_n, block_t, warps, stages, split, prequant=False, fused=split > 1)
 
 
 def parse_shape(entry: dict, k: int) -> ShapeTiles:
@@ -116,7 +123,8 @@ def parse_shape(entry: dict, k: int) -> ShapeTiles:
     buckets = []
     for raw in sorted(entry["buckets"], key=lambda b: int(b["max_m"])):
         tile = Tile(int(raw["block_n"]), int(raw["block_t"]), int(raw["warps"]), int(raw["stages"]),
-                    int(raw.get("split", 1)), bool(raw.get("prequant", False)))
+                    int(raw.get("split", 1)), bool(raw.get("prequant", False)), bool(raw.get("fused", False)),
+                    bool(raw.get("tma", False)), bool(raw.get("pdl", False)))
         tile.check(chunks)
         buckets.append(Bucket(int(raw["max_m"]), tile))
     if not buckets:
