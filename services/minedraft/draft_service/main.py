@@ -36,6 +36,7 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
             from minedraft.engine.eagle_runner import EagleRunner
 
             assert isinstance(runner, EagleRunner)
+            capture_ahead(runner, args, scoring=False, name="draft service")  # the head's feedback forwards
             return DraftExecutor(EagleDrafter(runner), launch_ahead=False)
         launch_ahead = args.launch_ahead == "on" or (args.launch_ahead == "auto" and runner.device.type == "cuda")
         capture_ahead(runner, args, scoring=False, name="draft service")

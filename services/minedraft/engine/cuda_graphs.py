@@ -11,6 +11,10 @@ for the cost of its k), and `capture_ahead` takes every steady-state shape up fr
 should before its first request. After it the set is closed: any other shape (a prefill of a short
 prompt, a batch beyond the captured buckets) runs eagerly, which costs that step a millisecond or two
 of launches instead of a capture that may never be replayed.
+
+A step may return more than its logits (a tuple, logits first): the capturing verifier's features, an
+EAGLE head's output hidden states. They stay in the graph's own buffers; `launch` hands the step back so
+its owner reads (and clones) them before the next replay.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ from minedraft.engine.staging import StagingRing
 
 log = logging.getLogger(__name__)
 
-# What a graph captures: (ids, starts, query_lens, tables, last_n) -> logits, device tensors only.
-StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+# What a graph captures: (ids, starts, query_lens, tables, last_n) -> logits, or (logits, *more outputs), device
+# tensors only.
+StepOut = torch.Tensor | tuple[torch.Tensor, ...]
+StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], StepOut]
 
 Out = TypeVar("Out")
 
@@ -38,10 +44,12 @@ MAX_GRAPH_WIDTH = 16
 
 @dataclass(slots=True)
 class CapturedStep:
-    graph: torch.cuda.CUDAGraph
+    run: Callable[[], object]  # the step over the static buffers (what the graph holds; staged, what a replay runs)
     ids: torch.Tensor
     meta: torch.Tensor  # [starts (bucket) | query_lens (bucket) | tables (bucket x max_blocks)], int64
     logits: torch.Tensor
+    extras: tuple[torch.Tensor, ...] = ()  # the step's outputs after its logits, [bucket, ...] each
+    graph: torch.cuda.CUDAGraph | None = None  # None: staged without CUDA (tests), `run` stands in for it
     table_revision: int | None = None  # the block tables' revision the meta buffer holds (None: unknown)
     batch: int = 0  # the batch of the last replay (rows past it have zero-length queries)
 
@@ -68,6 +76,7 @@ class GraphCache:
         self.closed = False  # capture_ahead ran: only its shapes replay, nothing is captured while serving
         self.eager: set[tuple[int, ...]] = set()  # shapes outside the closed set met so far (packed ones too)
         self.staging = StagingRing(device)  # pinned buffers the host metadata travels through
+        self.replays = 0  # fixed-width steps replayed so far
 
     def capture_ahead(self, keys: Iterable[tuple[int, int, int]]) -> int:
         """Capture these (bucket, width, last_n) now and close the set; returns how many were new."""
@@ -103,7 +112,17 @@ class GraphCache:
         self, ids: torch.Tensor, starts: list[int] | torch.Tensor, query_lens: list[int] | torch.Tensor,
         tables: torch.Tensor, last_n: int, table_revision: int | None = None,
     ) -> torch.Tensor:
-        """ids: device tensor [B, Q]; the [B, w] block tables come from the host; starts and query_lens from
+        """The logits [B, last_n, V] of the step `launch` replays, copied out of the graph's buffer."""
+        return self.launch(ids, starts, query_lens, tables, last_n, table_revision).logits[: ids.shape[0]].clone()
+
+    def launch(
+        self, ids: torch.Tensor, starts: list[int] | torch.Tensor, query_lens: list[int] | torch.Tensor,
+        tables: torch.Tensor, last_n: int, table_revision: int | None = None,
+    ) -> CapturedStep:
+        """Replay the step of this shape (captured first while the set is open) and return it: its outputs
+        hold the first B rows until the next replay of the same step.
+
+        ids: device tensor [B, Q]; the [B, w] block tables come from the host; starts and query_lens from
         the host too, or as device tensors when only the device knows them yet (a verdict in flight).
 
         Host metadata travels through a reused pinned buffer (engine/staging.py) in asynchronous copies; the
@@ -141,8 +160,12 @@ class GraphCache:
             lens_dev[:batch].copy_(query_lens)
         step.batch = batch
         step.ids[:batch].copy_(ids)
-        step.graph.replay()
-        return step.logits[:batch].clone()
+        if step.graph is not None:
+            step.graph.replay()
+        else:
+            step.run()
+        self.replays += 1
+        return step
 
     def capture(self, step: Callable[[], Out]) -> tuple[torch.cuda.CUDAGraph, Out]:
         """A graph of `step` (a closure over static buffers) in this cache's memory pool, and its output.
@@ -162,14 +185,26 @@ class GraphCache:
         self.pool = graph.pool()
         return graph, out
 
-    def _capture(self, key: tuple[int, int, int]) -> CapturedStep:
-        started = time.perf_counter()
+    def stage(self, key: tuple[int, int, int]) -> CapturedStep:
+        """Static buffers for a key and the step over them, which sets the step's outputs (what `_capture`
+        records as a graph; a test without CUDA may keep it as it is)."""
         bucket, width, last_n = key
         ids = torch.zeros((bucket, width), dtype=torch.long, device=self.device)
         meta = torch.zeros(bucket * (2 + self.max_blocks_per_seq), dtype=torch.long, device=self.device)
         starts, lens, tables = split_meta(meta, bucket)
-        graph, logits = self.capture(lambda: self.step_fn(ids, starts, lens, tables, last_n))
-        step = CapturedStep(graph, ids, meta, logits)
+
+        def run() -> None:
+            out = self.step_fn(ids, starts, lens, tables, last_n)
+            step.logits, *extras = out if isinstance(out, tuple) else (out,)
+            step.extras = tuple(extras)
+
+        step = CapturedStep(run, ids, meta, ids)  # logits: set by the first run
+        return step
+
+    def _capture(self, key: tuple[int, int, int]) -> CapturedStep:
+        started = time.perf_counter()
+        step = self.stage(key)
+        step.graph, _ = self.capture(step.run)  # the capture's run leaves the graph's outputs on the step
         self.steps[key] = step
         self.capture_ms += (time.perf_counter() - started) * 1000.0
         return step

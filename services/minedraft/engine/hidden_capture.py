@@ -5,9 +5,12 @@ feature of each fed position: the last hidden state (what lm_head reads) for EAG
 the residual-stream inputs of its three tap layers, concatenated. They wait per sequence in an outbox
 and leave with the sequence's next verdict (`take_hidden`), so prefill chunks travel with the first
 verdict and nothing is sent twice. A write at position p supersedes what the outbox holds from p on,
-as a KV write does (a rejected draft's position is computed again by the next step). Steps run eagerly:
-the capture needs every position's state, where the plain runner computes the last layer for the
-positions whose logits are asked for only.
+as a KV write does (a rejected draft's position is computed again by the next step).
+
+Fixed-width steps (verify windows, AR steps) replay CUDA graphs as the plain runner's do: the graph's
+step returns the features [bucket, width, F] beside the logits, into a buffer of its own, and the
+runner records the real rows' (a copy: the next replay overwrites the buffer) after the replay, so the
+host bookkeeping stays out of the graph. Other shapes (prefills) run eagerly and record the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from minedraft.engine.attention import build_metadata, take_rows
+from minedraft.engine.block_tables import KeptTable
 from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.model import CausalLM
 from minedraft.engine.runner import ModelRunner
@@ -24,8 +28,8 @@ MAX_ROWS = 8192  # per sequence; beyond it the oldest go (the draft zero-fills t
 
 class CapturingRunner(ModelRunner):
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16, device: torch.device | str = "cpu",
-                 taps: tuple[int, ...] = ()) -> None:
-        super().__init__(model, num_blocks, block_size, device, cuda_graphs=False)
+                 taps: tuple[int, ...] = (), cuda_graphs: bool = True) -> None:
+        super().__init__(model, num_blocks, block_size, device, cuda_graphs=cuda_graphs)
         self.taps = taps  # () = the last hidden state (EAGLE-1/2)
         self.outbox: dict[int, list[tuple[int, torch.Tensor]]] = {}
         self._fed: tuple[list[int], list[int], list[int]] = ([], [], [])
@@ -37,17 +41,39 @@ class CapturingRunner(ModelRunner):
         self._fed = (seq_ids, host_starts, host_lens)
         return super().forward_on_device(seq_ids, ids, starts, query_lens, reserve, last_n)
 
+    def replay_graph(self, ids: torch.Tensor, starts: list[int] | torch.Tensor, query_lens: list[int] | torch.Tensor,
+                     kept: KeptTable, last_n: int) -> torch.Tensor:
+        """Replay the step's graph, then record its real rows' features (copied out of the graph's buffer)."""
+        assert self.graphs is not None
+        step = self.graphs.launch(ids, starts, query_lens, kept.host, last_n, kept.revision)
+        batch = ids.shape[0]
+        self._record(step.extras[0][:batch].clone())
+        return step.logits[:batch].clone()
+
+    def graph_step(self, ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor, tables: torch.Tensor,
+                   last_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.step_with_features(ids, starts, query_lens, tables, last_n)
+
     @torch.inference_mode()
     def run(self, ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor, block_tables: torch.Tensor,
             last_n: int) -> torch.Tensor:
+        logits, features = self.step_with_features(ids, starts, query_lens, block_tables, last_n)
+        self._record(features)
+        return logits
+
+    @torch.inference_mode()
+    def step_with_features(self, ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor,
+                           block_tables: torch.Tensor, last_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step on device tensors only (what a graph captures): logits [B, last_n, V] and every fed
+        position's features [B, Q, F]."""
         meta = build_metadata(starts, query_lens, ids.shape[1], block_tables, self.cache.block_size,
                               self.config.sliding_window, self.backend)
         layers = tuple(sorted(set(self.taps)))
         aux: list[torch.Tensor] | None = [] if self.taps else None
         hidden = self.model(ids, meta, self.cache.layers, None, layers, aux)
-        self._record(torch.cat([aux[layers.index(i)] for i in self.taps], -1) if aux else hidden)
+        features = torch.cat([aux[layers.index(i)] for i in self.taps], -1) if aux else hidden
         pick = (query_lens.unsqueeze(1) - last_n + torch.arange(last_n, device=ids.device)).clamp(min=0)
-        return self.model.logits(take_rows(hidden, pick))
+        return self.model.logits(take_rows(hidden, pick)), features
 
     def _record(self, features: torch.Tensor) -> None:
         seq_ids, starts, lens = self._fed

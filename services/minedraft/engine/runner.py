@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from minedraft.engine.attention import build_metadata
-from minedraft.engine.block_tables import BlockTables
+from minedraft.engine.block_tables import BlockTables, KeptTable
 from minedraft.engine.cuda_graphs import BATCH_BUCKETS, MAX_GRAPH_WIDTH, GraphCache
 from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.kv_cache import BlockAllocator, KVCache
@@ -57,7 +57,7 @@ class ModelRunner:
                                   self.max_blocks_per_seq)  # kept between forwards, updated row by row
         self._reserved: tuple[list[int], list[int], int] = ([], [], -1)  # the last ensure: ids, limits, version
         use_graphs = cuda_graphs and self.backend == "triton"
-        self.graphs = GraphCache(self.run, self.device, self.max_blocks_per_seq) if use_graphs else None
+        self.graphs = GraphCache(self.graph_step, self.device, self.max_blocks_per_seq) if use_graphs else None
         self.packed_graphs = (None if self.graphs is None else  # TETRIS's packed verifies (engine/ragged.py)
                               PackedGraphs(self.graphs, PackedStep(model, self.cache, self.backend),
                                            self.config.vocab_size))
@@ -125,7 +125,7 @@ class ModelRunner:
             self._reserved = (list(seq_ids), list(reserve), alloc.version)
         kept = self.tables.get(seq_ids)
         if self.graphs is not None and self.graphs.can_replay(len(seq_ids), ids.shape[1], last_n, kept.host.shape[1]):
-            return self.graphs.replay(ids, starts, query_lens, kept.host, last_n, kept.revision)
+            return self.replay_graph(ids, starts, query_lens, kept, last_n)
         if not isinstance(starts, torch.Tensor):
             starts = self.to_device(torch.tensor(starts, dtype=torch.long))
             query_lens = self.to_device(torch.tensor(query_lens, dtype=torch.long))
@@ -133,6 +133,17 @@ class ModelRunner:
         if kept.device is None:  # one upload per revision of the table: the draft's k forwards share one
             kept.device = self.to_device(kept.host)
         return self.run(ids, starts, query_lens, kept.device, last_n)
+
+    def replay_graph(self, ids: torch.Tensor, starts: list[int] | torch.Tensor, query_lens: list[int] | torch.Tensor,
+                     kept: KeptTable, last_n: int) -> torch.Tensor:
+        """The logits of a captured step (a runner whose step has more outputs reads them here too)."""
+        assert self.graphs is not None
+        return self.graphs.replay(ids, starts, query_lens, kept.host, last_n, kept.revision)
+
+    def graph_step(self, ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor, tables: torch.Tensor,
+                   last_n: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """What a fixed-width graph captures: `run`, or a subclass's step with outputs beyond the logits."""
+        return self.run(ids, starts, query_lens, tables, last_n)
 
     @torch.inference_mode()
     def run(

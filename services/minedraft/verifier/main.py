@@ -44,9 +44,12 @@ def colocated_drafter(args: argparse.Namespace, load: ModelLoader, target: Model
         from minedraft.engine.eagle_pair import head_beside
         from minedraft.engine.loader import parse_dtype
         from minedraft.verifier.colocated import ColocatedDrafter
+        from minedraft.worker.process import capture_ahead
 
-        return ColocatedDrafter(head_beside(target.model, args.colocated_draft, args.num_blocks, args.block_size,
-                                            args.device, parse_dtype(args.dtype)))
+        drafter = head_beside(target.model, args.colocated_draft, args.num_blocks, args.block_size, args.device,
+                              parse_dtype(args.dtype))
+        capture_ahead(drafter.runner, args, scoring=False, name="colocated head")  # its feedback forwards
+        return ColocatedDrafter(drafter)
     from minedraft.engine.drafter import Drafter
     from minedraft.engine.loader import parse_dtype
     from minedraft.engine.runner import ModelRunner

@@ -71,14 +71,17 @@ def capture_ahead(runner: ModelRunner, args: argparse.Namespace, scoring: bool, 
     if args.capture_batch <= 0 or runner.device.type != "cuda":
         return
     policy = ManagerConfig()
-    selection = (policy.tetris_extra, policy.tetris_min_batch) if scoring else None
-    packed = runner.packed_graphs
+    # an EAGLE verifier's step is its own (engine/hidden_capture.py): no packed verifies on rank 0, so none on its
+    # tensor-parallel followers either (their captures must match rank 0's all-reduce for all-reduce)
+    packed = scoring and getattr(args, "draft_kind", "model") != "eagle"
+    selection = (policy.tetris_extra, policy.tetris_min_batch) if packed else None
+    packed_graphs = runner.packed_graphs
     started, reserved = time.monotonic(), torch.cuda.memory_reserved(runner.device)
-    packed_before = len(packed.steps) if packed is not None else 0
+    packed_before = len(packed_graphs.steps) if packed_graphs is not None else 0
     captured = runner.capture_ahead(args.capture_batch, args.capture_k, scoring, selection)
     if captured:
         grown_gb = (torch.cuda.memory_reserved(runner.device) - reserved) / 2**30
-        new_packed = (len(packed.steps) if packed is not None else 0) - packed_before
+        new_packed = (len(packed_graphs.steps) if packed_graphs is not None else 0) - packed_before
         tetris = (f"; {new_packed} of them TETRIS packed verifies, tetris_extra {selection[0]}, batches >= "
                   f"{selection[1]}" if selection is not None and new_packed else "")
         logging.info("%s: %d CUDA graphs captured (up to %d sequences, k <= %d%s) in %.1f s, %.2f GiB more reserved",

@@ -10,7 +10,8 @@ the same agreement, so at matched acceptance. Per (batch, k) cell, after a warm-
   prompt's step is left out. Next to the draft time, its bandwidth bound: the bytes the proposal reads
   (weights but the embedding, whose rows are gathered; the KV each row attends to) over the
   device-to-device copy bandwidth measured in this run.
-AR runs on the plain runner (CUDA graphs); the head's target runs on the capturing runner, eagerly.
+AR runs on the plain runner, the head's target on the capturing runner, both replaying CUDA graphs (captured
+on first use, in the warm-up run), as do the head's feedback forwards (its first forward is eager).
 Cells run k-major until --deadline-s would be passed; what was skipped is listed. JSON to --out.
 """
 
