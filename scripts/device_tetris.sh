@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # TETRIS on one GPU, inside a deadline: the GPU tests of the ragged path, then TETRIS against fixed k and AR
 # on the synthetic 8B pair with a calibrated draft (in-process SD colocated: bench/tetris_bench.py), batch 64
-# then 32 (the batch that matters most first, should the deadline cut the sweep), k 4 and 6, extras 1, 2, 3.
+# then 32 (the batch that matters most first, should the deadline cut the sweep), k 4 and 6, extras 0, 1, 2
+# (0: draft k and verify only the drafts worth it). Every TETRIS cell prunes by theta = m x R from the AR and
+# fixed-k cells run just before it (MIN_PROB=auto; a number fixes it, 0 turns the floor off).
 # The draft agrees with the target on 70% of tokens and is unsure (max q ~0.3) on 80% of the 30% it gets
 # wrong (CALIB=0.8): a draft whose confidence separates right from wrong drafts well but not perfectly, a
 # fifth of its mistakes made with full confidence, none of its right choices doubted (MISCAL=0).
@@ -9,7 +11,7 @@
 # Usage on the device machine, repository root, carrying `.whl` and `services/minedraft/proto`:
 #   bash scripts/device_tetris.sh        # results under $OUT (default ./device_out)
 # DEADLINE (seconds, default 300) bounds the whole script; ENGINE_TESTS=0 skips the tests; AGREE, CALIB,
-# MISCAL, BATCHES, KS, EXTRAS, STEPS override the grid. Writes tetris_tests.txt, tetris_bench.json (after
+# MISCAL, BATCHES, KS, EXTRAS, STEPS, MIN_PROB override the grid. Writes tetris_tests.txt, tetris_bench.json (after
 # every cell, so a cut run keeps what it measured), tetris_bench.log and tetris.log.
 set -uo pipefail
 OUT="${OUT:-$PWD/device_out}"
@@ -36,7 +38,8 @@ T=$(( $(left) - 5 ))
 say "bench: ${T}s, no new cell after $(( T - 25 ))s"
 timeout "$T" python3 -m minedraft.bench.tetris_bench --synthetic llama3-8b --draft-layers 4 \
   --agree "${AGREE:-0.7}" --calib "${CALIB:-0.8}" --miscal "${MISCAL:-0}" \
-  --batches "${BATCHES:-64,32}" --ks "${KS:-4,6}" --extras "${EXTRAS:-1,2,3}" --steps "${STEPS:-16}" \
+  --batches "${BATCHES:-64,32}" --ks "${KS:-4,6}" --extras "${EXTRAS:-0,1,2}" --steps "${STEPS:-16}" \
+  --min-prob "${MIN_PROB:-auto}" \
   --warmup 3 --anatomy-steps 6 --num-blocks 4096 --deadline-s $(( T - 25 )) \
   --out "$OUT/tetris_bench.json" > "$OUT/tetris_bench.log" 2>&1
 say "bench exit $? (1: a row left AR's tokens; 124: out of time)"

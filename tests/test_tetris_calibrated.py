@@ -1,20 +1,27 @@
 """TETRIS on the synthetic pair, on the CPU (bench/tetris_cells.py): with a draft that is unsure where it is
-wrong (`calib` > 0) selection verifies more of the right drafts than fixed k at the same verify budget;
-with today's always-sure draft it keeps exactly fixed k's slots. Greedy output equals AR's throughout."""
+wrong (`calib` > 0) selection verifies more of the right drafts than fixed k at the same verify budget, and
+a floor on the draft's estimated acceptance verifies fewer drafts for the same accepted ones; with today's
+always-sure draft it keeps exactly fixed k's slots. Greedy output equals AR's throughout. The bench's
+auto floor (theta = m x R) comes from the AR and fixed-k cells of its own run."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic
-from minedraft.bench.tetris_bench import plan
-from minedraft.bench.tetris_cells import CellConfig, run_cell
-from minedraft.bench.tetris_report import equals_ar, summaries
+from minedraft.bench.tetris_bench import main, plan
+from minedraft.bench.tetris_cells import CellConfig, DraftPolicy, run_cell
+from minedraft.bench.tetris_report import equals_ar, measured_floor, summaries
 from minedraft.engine.model import CausalLM
+from minedraft.engine.tetris import MAX_MIN_PROB
 
 CFG = CellConfig("cpu", steps=5, warmup=0, anatomy_steps=1, prompt_len=8, num_blocks=96)
 BATCH, K, EXTRA = 6, 2, 2
+FLOOR = 0.5  # above a damped draft's usual max q (~0.3), far below an undamped one's (1.0)
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +34,14 @@ def models() -> dict[str, CausalLM]:
 
 @pytest.fixture(scope="module")
 def cells(models: dict[str, CausalLM]) -> dict[str, tuple[dict, list[list[int]]]]:
-    out = {"ar": run_cell((models["target"], models["sure"]), CFG, BATCH, 0, 0)}
+    out = {"ar": run_cell((models["target"], models["sure"]), CFG, BATCH, DraftPolicy())}
     for draft in ("sure", "calibrated"):
         pair = (models["target"], models[draft])
-        out[f"fixed_{draft}"] = run_cell(pair, CFG, BATCH, K, 0)
-        out[f"tetris_{draft}"] = run_cell(pair, CFG, BATCH, K, EXTRA)
+        out[f"fixed_{draft}"] = run_cell(pair, CFG, BATCH, DraftPolicy(K))
+        out[f"tetris_{draft}"] = run_cell(pair, CFG, BATCH, DraftPolicy(K, EXTRA, True))
+    calibrated = (models["target"], models["calibrated"])
+    out["prune_calibrated"] = run_cell(calibrated, CFG, BATCH, DraftPolicy(K, 0, True, FLOOR))
+    out["tetris_floor_calibrated"] = run_cell(calibrated, CFG, BATCH, DraftPolicy(K, EXTRA, True, FLOOR))
     return out
 
 
@@ -49,6 +59,46 @@ def test_calibrated_selection_accepts_more_per_verified_token(cells: dict[str, t
     assert tetris["verified_tokens"] == fixed["verified_tokens"] == BATCH * (K + 1) * CFG.steps  # one budget
     assert tetris["accepted_per_verified_token"] > fixed["accepted_per_verified_token"]
     assert tetris["tokens_per_step"] > fixed["tokens_per_step"]
+
+
+def test_a_floor_prunes_the_drafts_a_calibrated_draft_doubts(cells: dict[str, tuple[dict, list[list[int]]]]
+                                                             ) -> None:
+    """Prune-only TETRIS (extra 0) verifies fewer tokens than fixed k and accepts as many: the draft is unsure
+    only where it is wrong (miscal 0), so a pruned draft would have been rejected. With extra drafts the floor
+    cuts below the budget too, and still accepts more per verified token than the budget alone."""
+    fixed, pruned = cells["fixed_calibrated"][0], cells["prune_calibrated"][0]
+    assert pruned["min_prob"] == FLOOR
+    assert pruned["verified_tokens"] < fixed["verified_tokens"]
+    assert pruned["accepted_tokens"] >= 0.95 * fixed["accepted_tokens"]
+    assert pruned["accepted_per_verified_token"] > fixed["accepted_per_verified_token"]
+    budget_only, floored = cells["tetris_calibrated"][0], cells["tetris_floor_calibrated"][0]
+    assert floored["verified_tokens"] < budget_only["verified_tokens"]
+    assert floored["accepted_per_verified_token"] > budget_only["accepted_per_verified_token"]
+
+
+def test_the_auto_floor_is_m_times_r_from_the_runs_own_cells() -> None:
+    cells = [{"batch": 64, "kind": "ar", "k": 0, "tokens_per_s": 11000.0, "verify_ms": 5.5},
+             {"batch": 64, "kind": "fixed", "k": 4, "tokens_per_s": 12000.0, "verify_ms": 9.74}]
+    floor = measured_floor(cells, 64, 4)
+    assert floor["marginal_verify_ms_per_token"] == pytest.approx((9.74 - 5.5) / 256, abs=1e-5)
+    assert floor["min_prob"] == pytest.approx(12.0 * (9.74 - 5.5) / 256, abs=1e-4)  # ~0.2
+    assert measured_floor(cells, 64, 6) == {"min_prob": 0.0}  # no fixed cell at k = 6
+    fast = [{**c, "tokens_per_s": 60000.0} for c in cells]  # m x R ~1: clamped
+    assert measured_floor(fast, 64, 4)["min_prob"] == MAX_MIN_PROB == 0.5
+    assert measured_floor([{k: v for k, v in c.items() if k != "verify_ms"} for c in cells], 64, 4) == {
+        "min_prob": 0.0}  # not phase-timed
+
+
+def test_the_bench_prunes_by_its_own_costs_and_stays_exact(tmp_path: Path) -> None:
+    out = tmp_path / "tetris.json"
+    assert main(["--synthetic", "small", "--device", "cpu", "--dtype", "float32", "--batches", "6", "--ks", "2",
+                 "--extras", "0,1", "--steps", "2", "--warmup", "0", "--anatomy-steps", "1", "--prompt-len", "8",
+                 "--num-blocks", "96", "--calib", "0.8", "--out", str(out)]) == 0  # 1: a row left AR's tokens
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["kind"], c["extra"]) for c in cells] == [("ar", 0), ("fixed", 0), ("tetris", 0), ("tetris", 1)]
+    expected = measured_floor(cells[:2], 6, 2)
+    assert all(c["min_prob"] == expected["min_prob"] and c["equals_ar"] for c in cells[2:])
+    assert "marginal_verify_ms_per_token" in cells[2]
 
 
 def test_calib_changes_no_draft_choice_and_a_sure_draft_gives_selection_nothing(
@@ -69,5 +119,5 @@ def test_summary_ratios_compare_the_best_cells_of_a_batch() -> None:
     (summary,) = summaries(cells)  # batch 16 has no SD cells: no summary
     assert summary["best_fixed"] == {"k": 6, "tokens_per_s": 160.0}
     assert (summary["tetris_over_best_fixed"], summary["tetris_over_ar"]) == (1.25, 2.0)
-    assert plan([8], [4, 6], [1, 2]) == [(8, 0, 0), (8, 4, 0), (8, 4, 1), (8, 4, 2), (8, 6, 0), (8, 6, 1),
-                                         (8, 6, 2)]
+    assert plan([8], [4, 6], [0, 2]) == [(8, 0, 0, False), (8, 4, 0, False), (8, 4, 0, True), (8, 4, 2, True),
+                                         (8, 6, 0, False), (8, 6, 0, True), (8, 6, 2, True)]

@@ -4,10 +4,13 @@ Each row is an independent trial: drafts x_j ~ q_j drawn as the draft service dr
 against context-free target distributions p_j, with per-row lengths that are random, or chosen by
 TETRIS over groups of rows. Whenever slot j is emitted its token must follow p_j. The same test fails
 for a rule that puts the bonus at k only (q not zeroed at a shorter row's length) and for selection by
-the paper's score, which looks at the very token a slot judges (engine/tetris.py).
+the paper's score, which looks at the very token a slot judges (engine/tetris.py), also when a floor on
+that score prunes instead of the budget.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -50,20 +53,24 @@ def judge(rule, lengths: torch.Tensor) -> tuple[torch.Tensor, Verdict]:
     return drafts, rule(drafts, draft_probs, target, target.log(), sampling, positions, lengths)
 
 
-def by_groups(scores: torch.Tensor, budget: int) -> torch.Tensor:
-    return torch.cat([select_lengths(block, budget) for block in scores.split(GROUP)])
+FLOOR = math.log(0.05)  # prunes slot 1 after x_0 in {3, 4} (q 0.05) and slot 2 after most prefixes
 
 
-def lossless_lengths(drafts: torch.Tensor) -> torch.Tensor:
+def by_groups(scores: torch.Tensor, budget: int, min_logp: float = -math.inf) -> torch.Tensor:
+    return torch.cat([select_lengths(block, budget, min_logp) for block in scores.split(GROUP)])
+
+
+def lossless_lengths(drafts: torch.Tensor, budget: int = GROUP * K // 2, min_logp: float = -math.inf
+                     ) -> torch.Tensor:
     q = Q.float().unsqueeze(0).expand(ROWS, -1, -1)
     chosen = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1).log()
-    return by_groups(slot_scores(chosen, q.max(dim=-1).values.log()), GROUP * K // 2)
+    return by_groups(slot_scores(chosen, q.max(dim=-1).values.log()), budget, min_logp)
 
 
-def paper_lengths(drafts: torch.Tensor) -> torch.Tensor:
+def paper_lengths(drafts: torch.Tensor, budget: int = GROUP * K // 2, min_logp: float = -math.inf) -> torch.Tensor:
     """The paper's score: cumulative log q of x_0..x_j, the judged token's own q included."""
     chosen = Q.float().unsqueeze(0).expand(ROWS, -1, -1).gather(-1, drafts.unsqueeze(-1)).squeeze(-1).log()
-    return by_groups(torch.cumsum(chosen, dim=1), GROUP * K // 2)
+    return by_groups(torch.cumsum(chosen, dim=1), budget, min_logp)
 
 
 def worst_pvalue(verdict: Verdict) -> float:
@@ -110,6 +117,25 @@ def test_tetris_selected_lengths_follow_the_target() -> None:
     assert len(set(lengths.tolist())) > 1 and int(lengths.sum()) == ROWS * K // 2  # ragged, within budget
     _, verdict = judge(verify_drafts, lengths)
     assert worst_pvalue(verdict) > 1e-3
+
+
+def test_lengths_cut_by_a_floor_follow_the_target() -> None:
+    """The floor alone (a budget covering every draft: TETRIS with no extra drafts), then floor and budget."""
+    drafts = trial()[0]
+    floored = lossless_lengths(drafts, GROUP * K, FLOOR)
+    assert 0 < int(floored.sum()) < ROWS * K and len(set(floored.tolist())) > 1  # the floor pruned, raggedly
+    _, verdict = judge(verify_drafts, floored)
+    assert worst_pvalue(verdict) > 1e-3
+    both = lossless_lengths(drafts, GROUP * K // 2, FLOOR)
+    assert bool((both <= floored).all()) and int(both.sum()) < int(floored.sum())
+    _, verdict = judge(verify_drafts, both)
+    assert worst_pvalue(verdict) > 1e-3
+
+
+def test_the_test_catches_a_floor_on_the_judged_tokens_own_probability() -> None:
+    drafts = trial()[0]
+    _, verdict = judge(verify_drafts, paper_lengths(drafts, GROUP * K, FLOOR))
+    assert worst_pvalue(verdict) < 1e-6
 
 
 def test_the_test_catches_a_bonus_drawn_as_if_at_k() -> None:

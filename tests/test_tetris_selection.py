@@ -55,3 +55,28 @@ def test_prune_marks_unverified_slots_and_lengths_read_them_back() -> None:
     pruned = prune(tokens, lengths)
     assert pruned.tolist() == [[5, 6, 7], [-1, -1, -1], [1, 2, -1]]
     assert draft_lengths(pruned).tolist() == [3, 0, 2]
+
+
+def test_a_floor_keeps_only_slots_scoring_above_it_within_the_budget() -> None:
+    for seed, (batch, width) in enumerate(itertools.product((1, 16, 64), (1, 4, 9))):
+        scores = random_scores(batch, width, seed)
+        for floor in (-0.5, -1.5, -4.0):
+            above = int((scores.double() >= floor).sum())
+            for budget in (1, batch * width // 2, batch * width):
+                lengths = select_lengths(scores, budget, floor)
+                assert int(lengths.sum()) == min(budget, above)
+                kept = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
+                assert bool((scores[kept] >= floor).all())
+                # Prefix-closed and the batch's best: the same slots as the unfloored budget of that size.
+                assert torch.equal(lengths, select_lengths(scores, min(budget, above)))
+
+
+def test_a_floor_on_a_hand_case() -> None:
+    probs = torch.tensor([[0.9, 0.8, 0.5, 0.2], [0.6, 0.3, 0.3, 0.3], [0.1, 0.9, 0.9, 0.9]])
+    scores = slot_scores(probs.log(), probs.log())  # greedy: s_j = log prod_{i<=j} q_i
+    # Cumulative: row 0 .9 .72 .36 .072; row 1 .6 .18 .054 .016; row 2 .1 .09 .081 .073.
+    assert select_lengths(scores, 12).tolist() == [4, 4, 4]
+    assert select_lengths(scores, 12, float(torch.tensor(0.15).log())).tolist() == [3, 2, 0]
+    assert select_lengths(scores, 12, float(torch.tensor(0.08).log())).tolist() == [3, 2, 3]
+    assert select_lengths(scores, 4, float(torch.tensor(0.08).log())).tolist() == [3, 1, 0]  # the budget binds
+    assert select_lengths(scores, 12, 0.0).tolist() == [0, 0, 0]  # nothing is sure

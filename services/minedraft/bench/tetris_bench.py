@@ -1,14 +1,16 @@
 """`python -m minedraft.bench.tetris_bench`: TETRIS against fixed k and AR on a full batch, in one process.
 
-Drives a Verifier and a Drafter directly (SD colocated, no services): B sequences decode together; every
-step drafts (fixed k, or k + extra selected down to k x B, or nothing for AR), verifies and commits
-(bench/tetris_cells.py). Per cell: accepted tokens per verified token (what selection improves: the
-verify checks B + C tokens either way), tokens per step, tokens/s and, in a separate phase-timed pass,
-draft and verify ms per step; then per batch TETRIS / best fixed k and TETRIS / AR (bench/tetris_report.py).
-Greedy, so each row's tokens must equal AR's; the script checks that too (exit 1 if not). Pairs: model
-folders (default the bundled tiny pair, on the CPU) or `--synthetic SHAPE` (bench/synthetic_pair.py,
-peaked heads with `--agree`, a draft unsure on a share `--calib` of its wrong choices). Writes JSON to
---out after every cell.
+Drives a Verifier and a Drafter directly (SD colocated, no services): B sequences decode together; every step
+drafts (fixed k, or k + extra selected down to k x B, or nothing for AR), verifies and commits
+(bench/tetris_cells.py). Per cell: accepted tokens per verified token (what selection improves: the verify
+checks at most B + C tokens either way), tokens per step, tokens/s and, in a separate phase-timed pass, draft
+and verify ms per step; TETRIS cells (`--extras`, 0: draft k and only prune) verify no draft the draft rates
+below `--min-prob` (auto: theta = m x R from this run's AR and fixed-k cells at the batch,
+bench/tetris_report.measured_floor; 0: the budget alone); then per batch TETRIS / best fixed k and TETRIS / AR
+(bench/tetris_report.py). Greedy, so each row's tokens must equal AR's; the script checks that too (exit 1 if
+not). Pairs: model folders (default the bundled tiny pair, on the CPU) or `--synthetic SHAPE`
+(bench/synthetic_pair.py, peaked heads with `--agree`, a draft unsure on a share `--calib` of its wrong
+choices). Writes JSON to --out after every cell.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from pathlib import Path
 import torch
 
 from minedraft.bench.flags import int_list
-from minedraft.bench.tetris_cells import CellConfig, run_cell
-from minedraft.bench.tetris_report import against_fixed, equals_ar, summaries, summary_line
+from minedraft.bench.tetris_cells import CellConfig, DraftPolicy, run_cell
+from minedraft.bench.tetris_report import against_fixed, equals_ar, measured_floor, summaries, summary_line
 from minedraft.engine.loader import load_model
 from minedraft.engine.model import CausalLM
 
@@ -42,10 +44,26 @@ def models(args: argparse.Namespace) -> tuple[CausalLM, CausalLM]:
             load_model(args.draft or TINY_DRAFT, args.device, dtype))
 
 
-def plan(batches: list[int], ks: list[int], extras: list[int]) -> list[tuple[int, int, int]]:
-    """(batch, k, extra) cells in running order: per batch AR first (the reference), then per k fixed, then
-    each extra."""
-    return [(b, k, e) for b in batches for k, e in [(0, 0)] + [(k, e) for k in ks for e in [0, *extras]]]
+def plan(batches: list[int], ks: list[int], extras: list[int]) -> list[tuple[int, int, int, bool]]:
+    """(batch, k, extra, TETRIS) cells in running order: per batch AR first (the reference), then per k fixed,
+    then TETRIS at each extra: the floor of a TETRIS cell is read from the two before it."""
+    cells = []
+    for b in batches:
+        cells.append((b, 0, 0, False))
+        for k in ks:
+            cells += [(b, k, 0, False)] + [(b, k, e, True) for e in extras]
+    return cells
+
+
+def min_prob_arg(text: str) -> str:
+    if text != "auto" and not 0.0 <= float(text) < 1.0:
+        raise argparse.ArgumentTypeError(f"--min-prob is auto or a probability below 1, got {text}")
+    return text
+
+
+def floor_of(cells: list[dict], batch: int, k: int, min_prob: str) -> dict:
+    """A TETRIS cell's floor: `--min-prob` as given, or (auto) from the run's costs."""
+    return measured_floor(cells, batch, k) if min_prob == "auto" else {"min_prob": float(min_prob)}
 
 
 def sweep(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, args: argparse.Namespace, deadline: float,
@@ -54,11 +72,14 @@ def sweep(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, args: argparse.Names
     left AR's tokens."""
     exact = True
     references: dict[int, list[list[int]]] = {}
-    for batch, k, extra in plan(args.batches, args.ks, args.extras):
+    for batch, k, extra, tetris in plan(args.batches, args.ks, args.extras):
         if time.monotonic() > deadline or (k and batch not in references):
-            report["skipped"].append({"batch": batch, "k": k, "extra": extra})
+            report["skipped"].append({"batch": batch, "k": k, "extra": extra, "tetris": tetris})
             continue
-        cell, tokens = run_cell(pair, cfg, batch, k, extra)
+        floor = floor_of(report["cells"], batch, k, args.min_prob) if tetris else {"min_prob": 0.0}
+        cell, tokens = run_cell(pair, cfg, batch, DraftPolicy(k, extra, tetris, floor["min_prob"]))
+        if tetris:
+            cell |= floor
         if k:
             cell["equals_ar"] = equals_ar(tokens, references[batch])
             exact &= cell["equals_ar"]
@@ -84,7 +105,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="float32: fast on a CPU")
     p.add_argument("--batches", type=int_list, default=[16, 32, 64])
     p.add_argument("--ks", type=int_list, default=[2, 4, 6])
-    p.add_argument("--extras", "--extra", type=int_list, default=[1, 2, 3], help="TETRIS drafts beyond k")
+    p.add_argument("--extras", "--extra", type=int_list, default=[0, 1, 2],
+                   help="TETRIS drafts beyond k (0: draft k, prune by the floor only)")
+    p.add_argument("--min-prob", type=min_prob_arg, default="auto",
+                   help="TETRIS: floor on a verified draft's estimated acceptance (auto: m x R from this run's "
+                   "measured costs; a number: that floor)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--anatomy-steps", type=int, default=6, help="phase-timed steps after the timed ones")

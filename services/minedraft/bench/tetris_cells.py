@@ -1,9 +1,10 @@
 """One cell of the TETRIS benchmark: B sequences decoding together under one draft policy, in one process.
 
-A cell is (batch, k, extra): k = 0 is AR, extra = 0 fixed k, extra > 0 TETRIS (k + extra drafts per row,
-the batch's k x B best verified). Two passes over the same sequences: a throughput pass (no syncs but
-the ones the step itself makes), then an anatomy pass that synchronises around the draft and verify
-phases of each step, so the timers never perturb the tokens/s they sit beside.
+A cell is a batch and a DraftPolicy: k = 0 is AR; fixed k; or TETRIS (k + extra drafts per row, extra >= 0,
+the batch's k x B best verified, none the draft rates below min_prob: with extra 0 selection only prunes).
+Two passes over the same sequences: a throughput pass (no syncs but the ones the step itself makes), then
+an anatomy pass that synchronises around the draft and verify phases of each step, so the timers never
+perturb the tokens/s they sit beside.
 """
 
 from __future__ import annotations
@@ -48,6 +49,24 @@ class PhaseClock:
         return time.perf_counter()
 
 
+@dataclass(frozen=True, slots=True)
+class DraftPolicy:
+    """How a cell drafts: nothing (k = 0, AR), k per row (fixed), or TETRIS's selection (`select`)."""
+
+    k: int = 0
+    extra: int = 0
+    select: bool = False
+    min_prob: float = 0.0  # TETRIS: the floor on a verified draft's estimated acceptance
+
+    @property
+    def kind(self) -> str:
+        return "ar" if not self.k else ("tetris" if self.select else "fixed")
+
+    def budget(self, batch: int) -> int:
+        """Drafts verified over the batch (0: every draft)."""
+        return self.k * batch if self.select else 0
+
+
 @dataclass(slots=True)
 class Counts:
     """Tokens over some steps: verified (one per row plus its verified drafts), accepted drafts, emitted."""
@@ -57,13 +76,14 @@ class Counts:
     emitted: int = 0
 
 
-def decode_step(target: Verifier, draft: Drafter, ids: list[int], k: int, extra: int, counts: Counts,
+def decode_step(target: Verifier, draft: Drafter, ids: list[int], policy: DraftPolicy, counts: Counts,
                 clock: PhaseClock | None = None) -> None:
     """Draft (nothing for AR; k + extra selected down to k x B for TETRIS), verify, commit; adds to counts.
     With a clock, the draft phase and the verify phase (with the draft's commit) are timed apart."""
-    batch = len(ids)
+    batch, k = len(ids), policy.k
     start = clock.now() if clock else 0.0
-    proposal = propose_selected(draft, ids, k + extra, k * batch if extra else 0) if k else None
+    proposal = (propose_selected(draft, ids, k + policy.extra, policy.budget(batch), policy.min_prob)
+                if k else None)
     drafted = clock.now() if clock else 0.0
     verdict = target.verify(ids, proposal)
     accepted = verdict.accepted.tolist()
@@ -81,13 +101,9 @@ def decode_step(target: Verifier, draft: Drafter, ids: list[int], k: int, extra:
     counts.emitted += sum(accepted) + batch
 
 
-def kind_of(k: int, extra: int) -> str:
-    return "ar" if not k else ("tetris" if extra else "fixed")
-
-
-def run_cell(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, batch: int, k: int, extra: int
+def run_cell(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, batch: int, policy: DraftPolicy
              ) -> tuple[dict, list[list[int]]]:
-    """One (batch, k, extra) cell on fresh KV caches. Returns its numbers and every row's tokens."""
+    """One cell on fresh KV caches. Returns its numbers and every row's tokens."""
     target = Verifier(ModelRunner(pair[0], cfg.num_blocks, 16, cfg.device))
     draft = Drafter(ModelRunner(pair[1], cfg.num_blocks, 16, cfg.device))
     vocab = pair[0].config.vocab_size
@@ -98,22 +114,24 @@ def run_cell(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, batch: int, k: in
         for worker in (target, draft):
             worker.add(seq_id, prompt, SamplingParams(max_tokens=10**6, ignore_eos=True))
     for _ in range(cfg.warmup):
-        decode_step(target, draft, ids, k, extra, Counts())
+        decode_step(target, draft, ids, policy, Counts())
     timer = PhaseClock(cfg.device)
     counts = Counts()
     started = timer.now()
     for _ in range(cfg.steps):
-        decode_step(target, draft, ids, k, extra, counts)
+        decode_step(target, draft, ids, policy, counts)
     seconds = timer.now() - started
     for _ in range(cfg.anatomy_steps):
-        decode_step(target, draft, ids, k, extra, Counts(), timer)
+        decode_step(target, draft, ids, policy, Counts(), timer)
     per_step = 1000 / max(cfg.anatomy_steps, 1)
-    cell = {"batch": batch, "k": k, "extra": extra, "kind": kind_of(k, extra),
+    cell = {"batch": batch, "k": policy.k, "extra": policy.extra, "kind": policy.kind,
             "tokens_per_s": round(counts.emitted / seconds, 1),
             "accepted_per_verified_token": round(counts.accepted / counts.verified, 4),
             "tokens_per_step": round(counts.emitted / (batch * cfg.steps), 3), "verified_tokens": counts.verified,
             "accepted_tokens": counts.accepted,
             "step_ms": round(1000 * seconds / cfg.steps, 2)}
+    if policy.select:
+        cell["min_prob"] = policy.min_prob
     if cfg.anatomy_steps:
         cell |= {"draft_ms": round(timer.draft_s * per_step, 2), "verify_ms": round(timer.verify_s * per_step, 2)}
     tokens = [target.seqs[s].tokens for s in ids]

@@ -1,10 +1,13 @@
-"""The TETRIS benchmark's verdicts on its cells: exactness against AR, and ratios measured side by side.
+"""The TETRIS benchmark's verdicts on its cells: exactness against AR, ratios measured side by side, and the
+floor TETRIS cells prune by, from the costs the same run measured.
 
 Every ratio compares cells of the same run and batch: a TETRIS cell against fixed k at its own k (what
 selection buys at a verify budget), and per batch the best TETRIS cell against the best fixed k and AR.
 """
 
 from __future__ import annotations
+
+from minedraft.engine.tetris import verify_floor
 
 
 def equals_ar(tokens: list[list[int]], reference: list[list[int]]) -> bool:
@@ -16,13 +19,32 @@ def ratio(num: float, den: float) -> float | None:
     return round(num / den, 3) if den else None
 
 
+def first_of(cells: list[dict], kind: str, batch: int, k: int = 0) -> dict | None:
+    return next((c for c in cells if c["kind"] == kind and (c["batch"], c["k"]) == (batch, k)), None)
+
+
 def against_fixed(cell: dict, cells: list[dict]) -> dict:
-    """A TETRIS cell's tokens/s and accepted tokens per verified token over fixed k's at its batch and k."""
-    fixed = [c for c in cells if c["kind"] == "fixed" and (c["batch"], c["k"]) == (cell["batch"], cell["k"])]
-    if not fixed:
+    """A TETRIS cell's tokens/s, accepted tokens per verified token, verified and accepted tokens over fixed
+    k's at its batch and k."""
+    fixed = first_of(cells, "fixed", cell["batch"], cell["k"])
+    if fixed is None:
         return {}
-    return {"over_fixed_same_k": {key: ratio(cell[key], fixed[0][key])
-                                  for key in ("tokens_per_s", "accepted_per_verified_token")}}
+    return {"over_fixed_same_k": {key: ratio(cell[key], fixed[key]) for key in (
+        "tokens_per_s", "accepted_per_verified_token", "verified_tokens", "accepted_tokens")}}
+
+
+def measured_floor(cells: list[dict], batch: int, k: int) -> dict:
+    """theta = m x R (engine/tetris.verify_floor) from this run's cells at the batch: m, the verify ms per
+    draft token, from fixed k's verify phase less AR's over its k x B drafts; R, fixed k's tokens per ms.
+    The in-process SD step runs draft then verify, so every verify ms adds to the step. 0 without both
+    cells' phase times."""
+    ar, fixed = first_of(cells, "ar", batch), first_of(cells, "fixed", batch, k)
+    if ar is None or fixed is None or "verify_ms" not in ar or "verify_ms" not in fixed or k <= 0:
+        return {"min_prob": 0.0}
+    marginal_ms = (fixed["verify_ms"] - ar["verify_ms"]) / (k * batch)
+    tokens_per_ms = fixed["tokens_per_s"] / 1000
+    return {"min_prob": round(verify_floor(marginal_ms, tokens_per_ms), 4),
+            "marginal_verify_ms_per_token": round(marginal_ms, 5), "tokens_per_ms": round(tokens_per_ms, 3)}
 
 
 def batch_summary(batch: int, cells: list[dict]) -> dict | None:

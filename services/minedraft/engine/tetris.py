@@ -20,13 +20,26 @@ x_j is the argmax of q_j, so s_j is exactly the paper's score. The scores never 
 lower row, so the kept set is prefix-closed and selection is deterministic. Whether slot j of a row is
 kept then depends on its own earlier drafts and on other rows' scores, never on x_j, and the usual
 proof (each verified slot draws x ~ q_j independently of being verified) goes through slot by slot.
+A floor on the score (`min_logp`: a slot the draft itself rates below it is not verified, whatever the
+budget) is a rule on the same scores, so it keeps all three: s_j >= floor implies s_i >= floor for every
+i < j, and whether slot j passes still depends on x_0..x_{j-1} alone.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 DEFAULT_EXTRA = 3  # drafts per sequence beyond k (MineDraft's tetris_extra_proposals)
+MAX_MIN_PROB = 0.5  # the floor's ceiling: noisy costs must never prune drafts the draft is fairly sure of
+
+
+def verify_floor(marginal_ms: float, tokens_per_ms: float) -> float:
+    """The estimated acceptance below which verifying a draft lowers the step's rate, clamped to
+    0..MAX_MIN_PROB. A verified draft adds its acceptance chance a in tokens for `marginal_ms` (m) more
+    verify time; at `tokens_per_ms` (R) tokens per ms, (T + a) / (S + m) > T / S exactly when a > m R."""
+    return min(max(marginal_ms * tokens_per_ms, 0.0), MAX_MIN_PROB)
 
 
 def token_logq(logits: torch.Tensor, token: torch.Tensor, prob: torch.Tensor | None
@@ -47,18 +60,23 @@ def slot_scores(chosen_logq: torch.Tensor, top_logq: torch.Tensor) -> torch.Tens
     return torch.cat((torch.zeros_like(chosen_logq[:, :1]), before), dim=1) + top_logq
 
 
-def select_lengths(scores: torch.Tensor, budget: int) -> torch.Tensor:
-    """Per-row draft lengths [B] keeping the `budget` best slots of scores [B, K] (prefix-closed).
+def select_lengths(scores: torch.Tensor, budget: int, min_logp: float = -math.inf) -> torch.Tensor:
+    """Per-row draft lengths [B] keeping the `budget` best slots of scores [B, K] that score at least
+    `min_logp` (prefix-closed: scores never rise with depth).
 
     A stable sort over the slots listed depth-major (every row's slot 0, then every row's slot 1, ...)
-    breaks ties toward the shallower slot and then the lower row."""
+    breaks ties toward the shallower slot and then the lower row; the floor then cuts the sorted list,
+    whose slots above it come first."""
     batch, width = scores.shape
-    if budget >= batch * width:
+    floor = min_logp > -math.inf
+    if budget >= batch * width and not floor:
         return torch.full((batch,), width, dtype=torch.long, device=scores.device)
     if budget <= 0:
         return torch.zeros(batch, dtype=torch.long, device=scores.device)
     flat = scores.double().t().reshape(-1)  # depth-major
     order = torch.sort(-flat, stable=True).indices[:budget]
+    if floor:
+        order = order[flat[order] >= min_logp]
     kept = torch.zeros(batch * width, dtype=torch.long, device=scores.device)
     kept[order] = 1
     return kept.view(width, batch).sum(dim=0)

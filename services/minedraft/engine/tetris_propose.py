@@ -2,30 +2,35 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from minedraft.engine.drafter import Drafter, Proposal
 from minedraft.engine.tetris import prune, select_lengths
 
 
-def select(proposal: Proposal, budget: int) -> Proposal:
-    """The proposal with only its best `budget` slots over the batch kept (the rest -1) and each row's
-    length on the host. The lengths are read back here, once per draft step: the verifier needs them on
-    its host to lay out its packed forward, and the data plane carries them as the -1s."""
+def select(proposal: Proposal, budget: int, min_prob: float = 0.0) -> Proposal:
+    """The proposal with only its best `budget` slots over the batch kept (the rest -1), none the draft rates
+    below `min_prob` (engine/tetris.py's score as a probability), and each row's length on the host. The
+    lengths are read back here, once per draft step: the verifier needs them on its host to lay out its
+    packed forward, and the data plane carries them as the -1s."""
     assert proposal.scores is not None, "the drafter was not scoring"
-    lengths = select_lengths(proposal.scores, budget)
+    min_logp = math.log(min_prob) if min_prob > 0 else -math.inf
+    lengths = select_lengths(proposal.scores, budget, min_logp)
     return replace(proposal, tokens=prune(proposal.tokens, lengths), scores=None, lengths=lengths.tolist())
 
 
-def propose_selected(drafter: Drafter, seq_ids: list[int], width: int, budget: int) -> Proposal:
-    """`width` (k + extra) drafts per sequence scored, then selected down to `budget` drafts in all; a
-    budget of 0 or one that covers every draft is a plain proposal. Works for every drafter whose
-    proposals go through `Drafter.draft_from` (a draft model, an EAGLE head)."""
-    if budget <= 0 or budget >= width * len(seq_ids):
+def propose_selected(drafter: Drafter, seq_ids: list[int], width: int, budget: int,
+                     min_prob: float = 0.0) -> Proposal:
+    """`width` (k + extra) drafts per sequence scored, then selected down to `budget` drafts in all, none
+    whose estimated acceptance is below `min_prob`; a budget of 0, or one that covers every draft without a
+    floor, is a plain proposal. Works for every drafter whose proposals go through `Drafter.draft_from` (a
+    draft model, an EAGLE head)."""
+    if budget <= 0 or (budget >= width * len(seq_ids) and min_prob <= 0):
         return drafter.propose(seq_ids, width)
     drafter.scoring = True
     try:
         proposal = drafter.propose(seq_ids, width)
     finally:
         drafter.scoring = False
-    return select(proposal, budget)
+    return select(proposal, budget, min_prob)
