@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from minedraft.batch_manager.draft_budget import MAX_MIN_PROB
 from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic
 from minedraft.bench.tetris_bench import main, plan
 from minedraft.bench.tetris_cells import CellConfig, DraftPolicy, run_cell
 from minedraft.bench.tetris_report import equals_ar, measured_floor, summaries
 from minedraft.engine.model import CausalLM
-from minedraft.engine.tetris import MAX_MIN_PROB
 
 CFG = CellConfig("cpu", steps=5, warmup=0, anatomy_steps=1, prompt_len=8, num_blocks=96)
 BATCH, K, EXTRA = 6, 2, 2

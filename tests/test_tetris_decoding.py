@@ -18,11 +18,14 @@ from tests.test_lossless_sampling import SAMPLES, chi_square_pvalue, joint_first
 __all__ = ["tiny_vocab_pair"]  # a fixture: imported to be found
 
 
-@pytest.mark.parametrize(("k", "extra"), [(1, 3), (3, 3), (4, 2)])
-def test_greedy_tetris_sd_equals_ar(random_pair: tuple[Path, Path], k: int, extra: int) -> None:
+@pytest.mark.parametrize(("k", "extra", "floor"), [(1, 3, 0.0), (3, 3, 0.0), (4, 2, 0.0), (3, 0, 0.02), (3, 2, 0.02)],
+                         ids=["1+3", "3+3", "4+2", "3+0-floor", "3+2-floor"])
+def test_greedy_tetris_sd_equals_ar(random_pair: tuple[Path, Path], k: int, extra: int, floor: float) -> None:
+    """A floor (tetris_min_prob) prunes with or without extra drafts; rows still verify to ragged depths."""
     target, draft = random_pair
     ar = engine_from_folders(target, None, "ar", block_size=4, num_blocks=256).generate(PROMPTS, greedy(30))
-    engine = engine_from_folders(target, draft, "sd", k=k, block_size=4, num_blocks=256, tetris_extra=extra)
+    engine = engine_from_folders(target, draft, "sd", k=k, block_size=4, num_blocks=256, tetris_extra=extra,
+                                 tetris_min_prob=floor)
     sd = engine.generate(PROMPTS, greedy(30))
     assert [r.output_ids for r in sd] == [r.output_ids for r in ar]
     assert engine.target.runner.allocator.num_free == 256
@@ -30,6 +33,8 @@ def test_greedy_tetris_sd_equals_ar(random_pair: tuple[Path, Path], k: int, extr
     drafted = [r.stats.drafted for r in sd]
     assert sum(drafted) <= k * sum(r.stats.steps for r in sd)  # the budget: k x batch per step
     assert len(set(drafted)) > 1  # rows were verified to different depths
+    if floor:  # the random draft is unsure of everything (max q a few %): the floor cuts below the budget
+        assert 0 < sum(drafted) < k * sum(r.stats.steps for r in sd)
 
 
 @pytest.mark.skipif(not (TINY_TARGET / "config.json").exists(), reason="bundled pair not built")

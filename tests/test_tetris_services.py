@@ -1,5 +1,7 @@
 """TETRIS through the services: PSD, SD and SD colocated give AR's greedy tokens with penalties, logprobs and
-n > 1 (siblings sharing a prompt) on, while rows are verified to ragged depths."""
+n > 1 (siblings sharing a prompt) on, while rows are verified to ragged depths; so do plans with a floor on the
+drafts' estimated acceptance, with no extra drafts (the draft service prunes) and with some (the colocated
+drafter prunes)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from minedraft.batch_manager import draft_budget
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.bundled import TINY_DRAFT, TINY_TARGET
@@ -27,13 +30,18 @@ def requests() -> list[tuple[list[int], SamplingParams, str | None]]:
     return out
 
 
-@pytest.mark.parametrize(("mode", "colocated"), [("psd", False), ("sd", False), ("sd", True)],
-                         ids=["psd", "sd", "sd-colocated"])
+@pytest.mark.parametrize(("mode", "colocated", "extra", "floor"),
+                         [("psd", False, 3, 0.0), ("sd", False, 3, 0.0), ("sd", True, 3, 0.0), ("psd", False, 0, 0.3),
+                          ("sd", True, 2, 0.3)],
+                         ids=["psd", "sd", "sd-colocated", "psd-prune-only", "sd-colocated-floor"])
 @pytest.mark.skipif(not (TINY_TARGET / "config.json").exists(), reason="bundled pair not built")
-def test_tetris_services_equal_ar(tmp_path: Path, mode: str, colocated: bool) -> None:
+def test_tetris_services_equal_ar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, colocated: bool,
+                                  extra: int, floor: float) -> None:
     target, draft = TINY_TARGET, TINY_DRAFT  # a trained pair: its draft's confidence differs from row to row
     reqs = requests()
-    config = ManagerConfig(mode=mode, k=2, draft_selection="tetris", tetris_extra=3, tetris_min_batch=1)
+    config = ManagerConfig(mode=mode, k=2, draft_selection="tetris", tetris_extra=extra, tetris_min_batch=1)
+    if floor:  # the floor the plans carry, as if learnt from measured costs
+        monkeypatch.setattr(draft_budget, "min_prob", lambda adaptive, batch, k, overlapped: floor)
     seen: list[list[int] | None] = []  # each verify's per-row draft counts, as the step driver hands them on
 
     def watch(coordinator: Coordinator) -> None:
@@ -63,4 +71,4 @@ def test_tetris_services_equal_ar(tmp_path: Path, mode: str, colocated: bool) ->
     assert status["accepted_total"] > 0
     ragged = [lengths for lengths in seen if lengths]  # the verifier reports each row's count with the verdict
     assert ragged and any(len(set(lengths)) > 1 for lengths in ragged)
-    assert all(0 <= n <= 2 + 3 for lengths in ragged for n in lengths)
+    assert all(0 <= n <= 2 + extra for lengths in ragged for n in lengths)

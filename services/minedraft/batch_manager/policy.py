@@ -69,7 +69,8 @@ POLICY_FIELDS: tuple[PolicyField, ...] = (
     PolicyField("draft_selection", str, "fixed: every sequence verifies its k drafts; tetris: draft k + "
                 "tetris_extra each and verify the batch's k x batch most promising drafts, each sequence to its "
                 "own depth (on while the verify is compute-bound)", choices=SELECTIONS),
-    PolicyField("tetris_extra", int, "tetris: drafts per sequence beyond k", 1, 8),
+    PolicyField("tetris_extra", int, "tetris: drafts per sequence beyond k (0: draft k, verify only the drafts "
+                "whose estimated acceptance pays for their verify)", 0, 8),
     PolicyField("tetris_min_batch", int, "tetris: the fewest sequences in a draft batch for selection to run", 1),
 )
 POLICY_NAMES: tuple[str, ...] = tuple(f.name for f in POLICY_FIELDS)

@@ -118,13 +118,13 @@ class StepDriver(WorkerRecovery):
         to_draft = self.draft.sends_plans  # it gets every plan and verdict, drafting or not
         k = self.k_plan.for_plan(self.step, cfg.mode, cfg.k, with_drafts, batches.draft, batches.verify, adds,
                                  self.draft_adds, self.pending_remove, cfg.k_min)
-        width, budget = plan_drafts(cfg, k, len(batches.draft), self.k_plan.adaptive)  # TETRIS or fixed k
+        width, budget, floor = plan_drafts(cfg, k, len(batches.draft), self.k_plan.adaptive)  # TETRIS or fixed k
         chunks = self.prompts.chunks(len(batches.verify) * (k + 1) + self._direct_tokens)
         if chunks:
             self.k_plan.prompt_chunks(self.step)
         fields = {"step": self.step, "remove": self.pending_remove, "draft_batch": batches.draft,
-                  "verify_batch": batches.verify, "k": width, "draft_budget": budget, "with_drafts": with_drafts,
-                  "send_verdict": to_draft,
+                  "verify_batch": batches.verify, "k": width, "draft_budget": budget, "draft_min_prob": floor,
+                  "with_drafts": with_drafts, "send_verdict": to_draft,
                   "draft_here": self.draft.drafts_here, "prefill": chunks}
         self.verifier.send(control_pb2.ControlMessage(plan=control_pb2.StepPlan(add=adds, **fields)))
         if to_draft:

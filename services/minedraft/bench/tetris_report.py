@@ -7,7 +7,7 @@ selection buys at a verify budget), and per batch the best TETRIS cell against t
 
 from __future__ import annotations
 
-from minedraft.engine.tetris import verify_floor
+from minedraft.batch_manager.draft_budget import verify_floor
 
 
 def equals_ar(tokens: list[list[int]], reference: list[list[int]]) -> bool:
@@ -34,10 +34,10 @@ def against_fixed(cell: dict, cells: list[dict]) -> dict:
 
 
 def measured_floor(cells: list[dict], batch: int, k: int) -> dict:
-    """theta = m x R (engine/tetris.verify_floor) from this run's cells at the batch: m, the verify ms per
-    draft token, from fixed k's verify phase less AR's over its k x B drafts; R, fixed k's tokens per ms.
-    The in-process SD step runs draft then verify, so every verify ms adds to the step. 0 without both
-    cells' phase times."""
+    """theta = m x R (batch_manager/draft_budget.verify_floor) from this run's cells at the batch: m, the
+    verify ms per draft token, from fixed k's verify phase less AR's over its k x B drafts; R, fixed k's
+    tokens per ms. The in-process SD step runs draft then verify, so every verify ms adds to the step. 0
+    without both cells' phase times."""
     ar, fixed = first_of(cells, "ar", batch), first_of(cells, "fixed", batch, k)
     if ar is None or fixed is None or "verify_ms" not in ar or "verify_ms" not in fixed or k <= 0:
         return {"min_prob": 0.0}

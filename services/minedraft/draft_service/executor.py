@@ -102,7 +102,7 @@ class DraftExecutor(PlaneOwner):
             if ids and self.plane is not None:
                 started = device_mark(self.device)
                 with timed(timing, "compute_ms"):
-                    proposal = propose_selected(self.worker, ids, plan.k, plan.draft_budget)
+                    proposal = propose_selected(self.worker, ids, plan.k, plan.draft_budget, plan.draft_min_prob)
                 finished = device_mark(self.device)
                 self._send(plan, ids, proposal, timing)
                 self._await_verdict(plan)

@@ -45,6 +45,7 @@ class EngineConfig:
     dtype: torch.dtype = torch.float32
     draft_kind: str = "model"  # or "eagle": the draft folder is an EAGLE head (engine/eagle_pair.py)
     tetris_extra: int = 0  # > 0: draft k + this many and verify the batch's best k x batch (engine/tetris.py)
+    tetris_min_prob: float = 0.0  # > 0: verify no draft whose estimated acceptance is below this (any extra)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -220,8 +221,9 @@ class LLMEngine:
         batch = list(self.running)
         ids = [r.req_id for r in batch]
         self._states_first(ids)
-        proposal = (propose_selected(self.draft, ids, self.width, self.k * len(ids) if self.width > self.k else 0)
-                    if self.draft is not None else None)
+        selects = self.width > self.k or self.config.tetris_min_prob > 0
+        proposal = (propose_selected(self.draft, ids, self.width, self.k * len(ids) if selects else 0,
+                                     self.config.tetris_min_prob) if self.draft is not None else None)
         verdict = self.target.verify(ids, proposal)
         hidden = self.target.runner.take_hidden(ids)  # an EAGLE head's states (None for a draft model)
         self.total_steps += 1

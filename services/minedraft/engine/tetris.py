@@ -32,14 +32,6 @@ import math
 import torch
 
 DEFAULT_EXTRA = 3  # drafts per sequence beyond k (MineDraft's tetris_extra_proposals)
-MAX_MIN_PROB = 0.5  # the floor's ceiling: noisy costs must never prune drafts the draft is fairly sure of
-
-
-def verify_floor(marginal_ms: float, tokens_per_ms: float) -> float:
-    """The estimated acceptance below which verifying a draft lowers the step's rate, clamped to
-    0..MAX_MIN_PROB. A verified draft adds its acceptance chance a in tokens for `marginal_ms` (m) more
-    verify time; at `tokens_per_ms` (R) tokens per ms, (T + a) / (S + m) > T / S exactly when a > m R."""
-    return min(max(marginal_ms * tokens_per_ms, 0.0), MAX_MIN_PROB)
 
 
 def token_logq(logits: torch.Tensor, token: torch.Tensor, prob: torch.Tensor | None

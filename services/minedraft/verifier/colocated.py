@@ -67,5 +67,5 @@ class ColocatedDrafter:
             self.ahead = None  # its drafts are queued already
             return
         ids = list(plan.draft_batch)
-        proposal = propose_selected(self.drafter, ids, plan.k, plan.draft_budget)
+        proposal = propose_selected(self.drafter, ids, plan.k, plan.draft_budget, plan.draft_min_prob)
         self.pending = DraftPayload(plan.step, ids, proposal.tokens, proposal.probs, proposal.lengths)
