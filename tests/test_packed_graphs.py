@@ -125,13 +125,17 @@ def test_capture_ahead_names_the_packed_verifies_selection_takes(random_pair: tu
     assert runner.packed_graphs is None and runner.capture_ahead(64, 4, True, selection=(3, 32)) == 0  # a CPU
     graphs = with_staged_graphs(runner, fixed_too=True)
     fixed = 9 * 5  # buckets 1..64 x windows 1..5
-    assert runner.capture_ahead(64, 4, scoring=True, selection=(3, 32)) == fixed + 3 * 4
-    assert list(graphs.steps) == [(b, k + 4, k + 4, k + 1) for b in (32, 48, 64) for k in (1, 2, 3, 4)]
+    # per k: k + 1 tokens per row (budget k x batch) down to half of it (a floor pruned the rest)
+    per_k = {1: (2, 1), 2: (3, 2, 1), 3: (4, 3, 2), 4: (5, 4, 3, 2)}
+    assert runner.capture_ahead(64, 4, scoring=True, selection=(3, 32)) == fixed + 3 * 12
+    assert list(graphs.steps) == [(b, k + 4, k + 4, m) for b in (32, 48, 64) for k in (1, 2, 3, 4) for m in per_k[k]]
     assert runner.capture_ahead(64, 4, scoring=True, selection=(3, 32)) == 0  # all there already
-    assert selection_keys(64, 4, 3, 20) == [(b, k + 4, k + 4, k + 1) for b in (24, 32, 48, 64) for k in range(1, 5)]
-    assert selection_keys(64, 4, 3, 65) == [] and selection_keys(64, 4, 0, 1) == []
-    assert [key[1] for key in selection_keys(32, 8, 8, 32)] == [10, 11, 12, 13, 14, 15, 16]  # at most 16 wide
-    assert len(selection_keys(BATCH_BUCKETS[-1], 2, 3, 1)) == 2 * len(BATCH_BUCKETS)
+    assert selection_keys(64, 4, 3, 20) == [(b, k + 4, k + 4, m) for b in (24, 32, 48, 64) for k in range(1, 5)
+                                            for m in per_k[k]]
+    assert selection_keys(64, 4, 3, 65) == [] and selection_keys(64, 4, -1, 1) == []
+    assert selection_keys(32, 2, 0, 32) == [(32, 2, 2, 2), (32, 2, 2, 1), (32, 3, 3, 3), (32, 3, 3, 2), (32, 3, 3, 1)]
+    assert sorted({key[1] for key in selection_keys(32, 8, 8, 32)}) == [10, 11, 12, 13, 14, 15, 16]  # <= 16 wide
+    assert len(selection_keys(BATCH_BUCKETS[-1], 2, 3, 1)) == 5 * len(BATCH_BUCKETS)
     drafter = ModelRunner(load_model(target), 16, 4)
     drafter_graphs = with_staged_graphs(drafter, fixed_too=True)
     assert drafter.capture_ahead(64, 4, scoring=False, selection=(3, 32)) == fixed and not drafter_graphs.steps
@@ -151,12 +155,14 @@ def test_a_closed_set_replays_only_its_packed_shapes_and_says_once_what_runs_eag
     runner = ModelRunner(load_model(target), 16, 4)
     graphs = with_staged_graphs(runner, fixed_too=True)
     assert graphs.find(40, 8, 8, 40 * 5, 10) == (48, 8, 8, 5)  # open: what the step needs, captured on first use
+    assert graphs.find(40, 8, 8, 40 * 3, 10) == (48, 8, 8, 3)  # a pruned step gets its own, fewer tokens
     assert graphs.find(40, 17, 8, 40, 10) is None and graphs.find(300, 8, 8, 300, 10) is None  # no graph fits
     runner.capture_ahead(64, 4, scoring=True, selection=(3, 32))
     captured = dict(graphs.steps)
     assert graphs.find(40, 8, 8, 40 * 5, 10) == (48, 8, 8, 5)  # k = 4, extra 3: 40 rows, 160 drafts
     assert graphs.find(48, 8, 8, 48 * 5, 10) == (48, 8, 8, 5)  # the bucket full
-    assert graphs.find(33, 8, 8, 100, 10) == (48, 8, 8, 5)  # fewer tokens: the same graph, more dummies
+    assert graphs.find(33, 8, 8, 100, 10) == (48, 8, 8, 3)  # fewer tokens: the fewest per row that hold them
+    assert graphs.find(40, 8, 8, 40, 10) == (48, 8, 8, 2)  # pruned below the smallest (2): padded up to it
     assert graphs.find(40, 6, 6, 40 * 3, 10) == (48, 6, 6, 3)  # k = 2
     with caplog.at_level(logging.INFO, logger="minedraft.engine.cuda_graphs"):
         assert graphs.find(40, 9, 9, 40 * 5, 10) is None  # tetris_extra raised to 4

@@ -113,8 +113,9 @@ def test_greedy_tetris_sd_with_graphs_captured_ahead_replays_every_steady_verify
     runner = engine.target.runner
     graphs = runner.packed_graphs
     assert graphs is not None and runner.graphs is not None
-    # k = 1..3 at every bucket up to 16 (the in-process engine selects at any batch size)
-    assert runner.capture_ahead(len(prompts), 3, scoring=True, selection=(EXTRA, 1)) == 5 * 4 + 5 * 3
+    # k = 1..3 at every bucket up to 16 (the in-process engine selects at any batch size), each with k + 1
+    # tokens per row down to half of it: 2 + 3 + 3 packed graphs per bucket
+    assert runner.capture_ahead(len(prompts), 3, scoring=True, selection=(EXTRA, 1)) == 5 * 4 + 5 * 8
     captured_ms = runner.graph_capture_ms
     found: list[PackedKey | None] = []
     find = PackedGraphs.find

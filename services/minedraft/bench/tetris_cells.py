@@ -18,6 +18,7 @@ import torch
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.drafter import Drafter
 from minedraft.engine.model import CausalLM
+from minedraft.engine.ragged_graphs import selection_keys
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.tetris_propose import propose_selected
 from minedraft.engine.verifier import Verifier
@@ -113,7 +114,11 @@ def run_cell(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, batch: int, polic
         prompt = torch.randint(2, vocab, (cfg.prompt_len,), generator=gen).tolist()
         for worker in (target, draft):
             worker.add(seq_id, prompt, SamplingParams(max_tokens=10**6, ignore_eos=True))
-    for _ in range(cfg.warmup):
+    packed = target.runner.packed_graphs
+    if policy.select and packed is not None:  # a pruned verify's token count varies by step: all of them now
+        width = policy.k + policy.extra + 1
+        packed.capture_ahead(key for key in selection_keys(batch, policy.k, policy.extra, batch) if key[1] == width)
+    for _ in range(cfg.warmup):  # the fixed-width steps' graphs are captured here
         decode_step(target, draft, ids, policy, Counts())
     timer = PhaseClock(cfg.device)
     counts = Counts()

@@ -138,10 +138,12 @@ class PackedGraphs:
         bucket = GraphCache.bucket(batch)
         if bucket is None or q > MAX_GRAPH_WIDTH or table_width > self.cache.max_blocks_per_seq:
             return None
+        per_row = -(-tokens // bucket)
+        if not self.cache.closed and (bucket, q, width, per_row) not in self.steps:
+            return bucket, q, width, per_row  # a pruned step runs its GEMMs on the tokens it verifies
         held = [key for key in self.steps if key[:3] == (bucket, q, width) and bucket * key[3] >= tokens]
         if held:
             return min(held, key=lambda key: key[3])
-        per_row = -(-tokens // bucket)
         if self.cache.closed:
             self.cache.say_eager((bucket, q, width, per_row), f"packed verify of up to {bucket} sequences x {q} "
                                                               f"tokens ({tokens} in all, logits for {width})")
@@ -203,10 +205,13 @@ class PackedGraphs:
 
 def selection_keys(top: int, max_k: int, extra: int, min_batch: int) -> list[PackedKey]:
     """The packed verifies TETRIS steps take with `extra` drafts beyond k = 1..max_k: batches of at least
-    `min_batch` (buckets from its bucket up to `top`) verifying k x batch drafts, so batch x (k + 1) tokens, in a
-    layout k + extra + 1 wide."""
+    `min_batch` (buckets from its bucket up to `top`) verifying up to k x batch drafts, so up to batch x (k + 1)
+    tokens, in a layout k + extra + 1 wide. A floor on the estimated acceptance (engine/tetris.py) verifies
+    fewer, so each k also gets graphs of fewer tokens per row, down to half of k + 1 (a step pruned deeper pads
+    up to the smallest of them)."""
     first = GraphCache.bucket(min_batch)
-    if first is None or extra <= 0:
+    if first is None or extra < 0:
         return []
-    return [(b, k + extra + 1, k + extra + 1, k + 1) for b in BATCH_BUCKETS if first <= b <= top
-            for k in range(1, max_k + 1) if k + extra + 1 <= MAX_GRAPH_WIDTH]
+    return [(b, k + extra + 1, k + extra + 1, m) for b in BATCH_BUCKETS if first <= b <= top
+            for k in range(1, max_k + 1) if k + extra + 1 <= MAX_GRAPH_WIDTH
+            for m in range(k + 1, max(1, (k + 1) // 2) - 1, -1)]
