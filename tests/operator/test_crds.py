@@ -144,6 +144,7 @@ POLICY_INVALID = [
     ("bad fallback", _set("spec.fallback.onDraftFailure", "fail"), "is not one of"),
     ("bad draft selection", _set("spec.draftSelection.strategy", "eagle"), "is not one of"),
     ("9 extra drafts", _set("spec.draftSelection.extraDrafts", 9), "greater than the maximum"),
+    ("negative extra drafts", _set("spec.draftSelection.extraDrafts", -1), "less than the minimum"),
     ("min batch 0", _set("spec.draftSelection.minBatch", 0), "less than the minimum"),
 ]
 

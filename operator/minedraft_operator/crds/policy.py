@@ -65,7 +65,8 @@ def spec_schema() -> Schema:
         "unchanged either way; tetris pays where verifying is the bottleneck (large batches).",
         {
             "strategy": string("fixed or tetris.", enum=SELECTIONS, default="fixed"),
-            "extraDrafts": integer("tetris: drafts per sequence beyond k.", minimum=1, maximum=8, default=3),
+            "extraDrafts": integer("tetris: drafts per sequence beyond k; 0 drafts k and only leaves unverified the "
+                                   "drafts not worth their verify cost.", minimum=0, maximum=8, default=3),
             "minBatch": integer("tetris: the fewest sequences in a draft batch for selection to run (smaller "
                                 "batches verify their k drafts each).", minimum=1, maximum=4096, default=32),
         },
