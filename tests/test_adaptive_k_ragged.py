@@ -78,6 +78,18 @@ def test_plan_k_passes_the_lengths_on() -> None:
     assert plan.adaptive.tried == pytest.approx(tried) and plan.adaptive.passed == pytest.approx(passed)
 
 
+def test_a_pruned_verify_is_costed_by_the_tokens_it_checked() -> None:
+    """A verify whose rows checked fewer drafts than k files its time under b + sum(lengths) tokens, so the
+    verify's cost by tokens stays true while a floor prunes (and adaptive k, and the floor itself, read it)."""
+    plan = PlanK()
+    plan.for_plan(0, "sd", K, True, draft_batch=[1, 2])
+    pruned = [0, 1, 0, 0, 2, 0, 0, 1, 0, 0]  # a floor left most rows' drafts unverified
+    plan.on_verify(1, K, [0] * len(pruned), 7.5, range(len(pruned)), pruned)
+    plan.on_verify(2, K, ACCEPTED, 9.0, range(len(ACCEPTED)))  # fixed k: b(k + 1)
+    assert plan.adaptive is not None
+    assert plan.adaptive.verify.view() == {len(pruned) + 4: 7.5, len(ACCEPTED) * (K + 1): 9.0}
+
+
 def verify_event(step: int, lengths: list[int] | None) -> control_pb2.WorkerEvent:
     event = control_pb2.WorkerEvent(step=step)
     v = event.verdicts

@@ -160,7 +160,8 @@ class PlanK:
                   seq_ids: Sequence[int] = (), lengths: Sequence[int] | None = None) -> None:
         """`compute_ms`: None when the step's time says nothing of its k (it captured a CUDA graph);
         `seq_ids`: the verified sequences, in the order of `accepted`; `lengths`: the drafts each verified,
-        when TETRIS selected them (the verify still checked about b(k + 1) tokens, so its cost stays k's)."""
+        when TETRIS selected them (the verify's cost is filed under the tokens it checked, b + sum(lengths),
+        which a floor on the estimated acceptance keeps below b(k + 1))."""
         if self.adaptive is not None and drafted > 0 and accepted:
             self.adaptive.observe_verdicts(drafted, accepted, seq_ids, lengths)
             if compute_ms is None:
@@ -171,7 +172,8 @@ class PlanK:
                     self.adaptive.draft.add(drafted, compute_ms, len(accepted))
                     self.adaptive.verify.add(drafted, 0.0, len(accepted))
             elif not self.cold.get(step, (False, False))[0]:
-                self.adaptive.verify.add(drafted, compute_ms, len(accepted))
+                checked = len(accepted) + sum(lengths) if lengths else None
+                self.adaptive.verify.add(drafted, compute_ms, len(accepted), checked)
 
     def on_draft(self, step: int, compute_ms: float | None, batch: int = 0) -> None:
         k = self.by_step.get(step, 0)

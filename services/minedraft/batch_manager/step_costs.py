@@ -91,9 +91,10 @@ class TokenCosts:
     last_batch: int = 0
     points: list[list[float]] = field(default_factory=list)  # the bins by tokens (kept sorted on add)
 
-    def add(self, k: int, ms: float, batch: int = 0) -> None:
+    def add(self, k: int, ms: float, batch: int = 0, tokens: int | None = None) -> None:
+        """`tokens`: what the verify checked when it was not b(k+1) (TETRIS left some drafts unverified)."""
         self.last_batch = batch or self.last_batch
-        tokens = max(1, batch) * (k + 1)
+        tokens = tokens or max(1, batch) * (k + 1)
         key = round(math.log2(tokens) * TOKEN_BINS_PER_DOUBLING)
         point = self.bins.get(key)
         if point is None:
