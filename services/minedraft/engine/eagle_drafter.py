@@ -3,8 +3,9 @@
 Draft position p is the pair (token p+1, the target's state at p), so a sequence of L committed tokens
 has true pairs for positions 0..L-2, and the head's output at L-2 drafts token L. Each verdict brings
 the target's states for the positions it computed since the last one (hidden_rows.py); `commit` keeps
-those of committed positions in a per-sequence stash, and the next `propose` feeds them, then drafts k
-tokens, feeding each draft back with the head's own output as its state.
+those of committed positions in a per-sequence stash (eagle_stash.py: one device buffer that a batch's
+commits write and a proposal's first forward reads in one op each), and the next `propose` feeds them,
+then drafts k tokens, feeding each draft back with the head's own output as its state.
 
 `st.cached` counts the positions holding true pairs only. A position whose state has not arrived yet (a
 new sequence drafts before its first verdict; the target computes its prompt in the same step) is fed
@@ -21,14 +22,17 @@ from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.drafter import Drafter, Proposal
 from minedraft.engine.eagle_prefix import ShiftedPrefixCaching
 from minedraft.engine.eagle_runner import EagleRunner
+from minedraft.engine.eagle_stash import EagleStash
+from minedraft.engine.hidden_rows import HiddenRows
 
 
 class EagleDrafter(Drafter):
-    def __init__(self, runner: EagleRunner) -> None:
+    def __init__(self, runner: EagleRunner, window: int = 16) -> None:
         super().__init__(runner)
         self.head_runner = runner
         self.prefix = ShiftedPrefixCaching(runner.allocator)
-        self.stash: dict[int, tuple[int, torch.Tensor]] = {}  # first position, target states [n, F]
+        dtype = runner.head.embed_tokens.weight.dtype
+        self.stash = EagleStash(self.feature_width, dtype, torch.device(runner.device), window)
         self.features_received = 0  # positions whose target state arrived (what the checksum test reads)
         self._out: torch.Tensor | None = None  # the head's output of the last draft step [B, 1, h]
 
@@ -39,11 +43,11 @@ class EagleDrafter(Drafter):
     def add(self, seq_id: int, tokens: list[int], params: SamplingParams, prompt_len: int | None = None,
             **cache: object) -> None:
         super().add(seq_id, tokens, params, prompt_len, **cache)  # type: ignore[arg-type]
-        self.stash.pop(seq_id, None)
+        self.stash.drop(seq_id)
 
     def remove(self, seq_id: int) -> None:
         super().remove(seq_id)
-        self.stash.pop(seq_id, None)
+        self.stash.drop(seq_id)
 
     def prefill(self, chunks: list[tuple[int, int]]) -> int:
         """Nothing to compute yet: a chunk's states are the target's, and come with the first verdict."""
@@ -51,32 +55,30 @@ class EagleDrafter(Drafter):
 
     def propose(self, seq_ids: list[int], k: int) -> Proposal:
         states = [self.seqs[s] for s in seq_ids]
-        device = self.runner.device
-        rows = []
+        starts, lasts, covered = [], [], []
         for st in states:
             last = max(st.length - 2, 0)  # the newest true pair (a one-token sequence has none: fed anyway)
             start = min(st.cached, last)  # at least the newest pair again: its output starts the drafts
-            first, known = self.stash.get(st.seq_id, (start, torch.zeros((0, self.feature_width), device=device)))
-            lo, hi = max(start, first), min(last + 1, first + known.shape[0])
-            covered = known[lo - first:hi - first] if hi > lo and lo == start else known[:0]
-            rows.append((st, start, last, covered))
+            first, end = self.stash.span(st.seq_id) or (start, start)
+            lo, hi = max(start, first), min(last + 1, end)
+            starts.append(start)
+            lasts.append(last)
+            covered.append(hi - lo if hi > lo and lo == start else 0)
             self.runner.truncate(st.seq_id, start)
-        width = max(last - start + 1 for _, start, last, _ in rows)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        features = torch.zeros((len(rows), width, self.feature_width), device=device)
-        for b, (st, start, last, covered) in enumerate(rows):
-            pairs = st.tokens[start + 1:last + 2] or st.tokens[-1:]
-            ids[b, :len(pairs)] = torch.tensor(pairs, dtype=torch.long)
-            features[b, :covered.shape[0]] = covered
-        lens = [last - start + 1 for _, start, last, _ in rows]
+        lens = [last - start + 1 for start, last in zip(starts, lasts, strict=True)]
+        width = max(lens)
+        pairs = [st.tokens[start + 1:last + 2] or st.tokens[-1:] for st, start, last in zip(states, starts, lasts,
+                                                                                             strict=True)]
+        ids = torch.tensor([p + [0] * (width - len(p)) for p in pairs], dtype=torch.long)
+        features = self.stash.gather(seq_ids, starts, covered, width)
         reserve = [st.length + k for st in states]
         logits, self._out = self.head_runner.forward_features(seq_ids, self.runner.to_device(ids), features,
-                                                              [start for _, start, _, _ in rows], lens, reserve)
+                                                              starts, lens, reserve)
         lengths = self.runner.to_device(torch.tensor([st.length for st in states], dtype=torch.long))
         proposal = self.draft_from(seq_ids, logits, lengths, k, reserve)
-        for st, start, _, covered in rows:
-            st.cached = start + covered.shape[0]
-            self._retire(st.seq_id, st.cached - 1)
+        for st, start, n in zip(states, starts, covered, strict=True):
+            st.cached = start + n
+            self.stash.retire(st.seq_id, st.cached - 1)
             self.prefix.publish(st)
         self._out = None
         return proposal
@@ -92,35 +94,22 @@ class EagleDrafter(Drafter):
     def commit(self, seq_id: int, new_tokens: list[int], accepted: int,
                hidden: tuple[int, torch.Tensor] | None = None) -> None:
         """Append the verifier's tokens; the drafted positions were never true pairs, so no KV is kept for
-        them. `hidden`: the target's states from a position on, of which the committed ones are stashed."""
+        them. `hidden`: the target's states from a position on, of which the committed ones are stashed (on
+        the device with the next read, with the other sequences' of the batch)."""
         st = self.seqs[seq_id]
         st.tokens.extend(new_tokens)
         self.runner.truncate(seq_id, st.cached)
         self.prefix.publish(st)
         self.grammars.commit(seq_id, new_tokens)
         if hidden is not None:
-            self._stash(seq_id, hidden[0], hidden[1], st.length - 1)
+            start, rows = hidden
+            kept = rows[: max(0, st.length - 1 - start)]  # the true pairs: positions below length - 1
+            self.features_received += kept.shape[0]
+            self.stash.put(seq_id, st.cached, start, kept)
 
-    def _stash(self, seq_id: int, start: int, rows: torch.Tensor, limit: int) -> None:
-        """Keep the states of positions start.. below `limit` (the true pairs), after what is stashed."""
-        st = self.seqs[seq_id]
-        device = self.runner.device
-        first, known = self.stash.get(seq_id, (st.cached, torch.zeros((0, self.feature_width), device=device)))
-        end = first + known.shape[0]
-        rows = rows[: max(0, limit - start)].to(device, torch.float32)
-        self.features_received += rows.shape[0]
-        parts = [known]
-        if start > end:  # the target never computed these (its prefix cache had them): zeros for good
-            parts.append(torch.zeros((start - end, known.shape[1]), device=device))
-            parts.append(rows)
-        elif start + rows.shape[0] > end:
-            parts.append(rows[end - start:])
-        self.stash[seq_id] = (first, torch.cat(parts) if len(parts) > 1 else known)
-
-    def _retire(self, seq_id: int, keep_from: int) -> None:
-        """Drop stashed states before `keep_from` (fed for good); the newest fed one stays for a re-feed."""
-        if seq_id not in self.stash:
-            return
-        first, known = self.stash[seq_id]
-        drop = min(max(0, keep_from - first), known.shape[0])
-        self.stash[seq_id] = (first + drop, known[drop:])
+    def commit_batch(self, seq_ids: list[int], new_tokens: list[list[int]], accepted: list[int],
+                     hidden: HiddenRows | None = None) -> None:
+        """`commit` of a verdict's rows: row b's states are hidden's run b."""
+        parts = hidden.split() if hidden is not None else [None] * len(seq_ids)
+        for seq_id, tokens, n, part in zip(seq_ids, new_tokens, accepted, parts, strict=True):
+            self.commit(seq_id, tokens, n, part)
