@@ -226,6 +226,7 @@ class LLMEngine:
                                      self.config.tetris_min_prob) if self.draft is not None else None)
         verdict = self.target.verify(ids, proposal)
         hidden = self.target.runner.take_hidden(ids)  # an EAGLE head's states (None for a draft model)
+        states = hidden.split() if hidden is not None else [None] * len(ids)  # row b's run, in one pass
         self.total_steps += 1
         logprobs, prompt_logprobs = self.target.last_logprobs, self.target.last_prompt_logprobs
         for b, (req, row, accepted) in enumerate(zip(batch, verdict.tokens.tolist(), verdict.accepted.tolist(),
@@ -234,7 +235,7 @@ class LLMEngine:
             if req.req_id in prompt_logprobs and req.prompt_logprobs is None:
                 req.prompt_logprobs = [None, *prompt_logprobs[req.req_id]]
             if self.draft is not None:
-                self.draft.commit(req.req_id, new_tokens, accepted, hidden.row(b) if hidden is not None else None)
+                self.draft.commit(req.req_id, new_tokens, accepted, states[b])
             req.stats.steps += 1
             req.stats.drafted += self.width if proposal is None or proposal.lengths is None else proposal.lengths[b]
             req.stats.accepted += accepted
