@@ -32,11 +32,6 @@ from minedraft.engine.runner import ModelRunner
 from minedraft.engine.sequence import SeqState
 
 
-def packs(runner: ModelRunner) -> bool:
-    """Whether the runner's step is the plain one, which a packed forward may stand in for."""
-    return type(runner).run is ModelRunner.run
-
-
 def verify_logits(runner: ModelRunner, states: list[SeqState], drafts: torch.Tensor, lengths: list[int],
                   whole: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Target logits [B, k+1, V], left-aligned, for each row's uncached tokens and first lengths[b] drafts
@@ -55,7 +50,7 @@ def verify_logits(runner: ModelRunner, states: list[SeqState], drafts: torch.Ten
         query_lens = [len(f) for f in feed]
         width = max(query_lens)
         ids = runner.to_device(torch.tensor([f + [0] * (width - len(f)) for f in feed], dtype=torch.long))
-    if not whole and packs(runner):
+    if not whole and runner.packs_verifies:
         return packed_forward(runner, seq_ids, ids, starts, query_lens, lengths, k + 1), None
     full = runner.forward_ids(seq_ids, ids, starts, query_lens, last_n=max(query_lens))
     width = full.shape[1]

@@ -63,6 +63,12 @@ class ModelRunner:
                                            self.config.vocab_size))
 
     @property
+    def packs_verifies(self) -> bool:
+        """Whether the step is the plain one, which a packed (ragged) verify may stand in for: a runner with its
+        own step (hidden-state capture) verifies ragged rows padded (engine/ragged.py)."""
+        return type(self).run is ModelRunner.run
+
+    @property
     def allocator(self) -> BlockAllocator:
         return self.cache.allocator
 
@@ -85,8 +91,7 @@ class ModelRunner:
         widths = range(1, min(k + 1, MAX_GRAPH_WIDTH) + 1)
         captured = self.graphs.capture_ahead((b, w, w if scoring else 1) for b in BATCH_BUCKETS if b <= top
                                              for w in widths)
-        plain = type(self).run is ModelRunner.run  # a runner with its own step verifies padded (engine/ragged.py)
-        if selection is not None and scoring and plain and self.packed_graphs is not None:
+        if selection is not None and scoring and self.packs_verifies and self.packed_graphs is not None:
             captured += self.packed_graphs.capture_ahead(selection_keys(top, k, *selection))
         return captured
 
