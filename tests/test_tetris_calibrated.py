@@ -13,11 +13,13 @@ import pytest
 import torch
 
 from minedraft.batch_manager.draft_budget import MAX_MIN_PROB
+from minedraft.bench import tetris_cells
 from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic
 from minedraft.bench.tetris_bench import main, plan
 from minedraft.bench.tetris_cells import CellConfig, DraftPolicy, run_cell
 from minedraft.bench.tetris_report import equals_ar, measured_floor, summaries
 from minedraft.engine.model import CausalLM
+from minedraft.engine.tetris_capacity import DraftCapacity
 
 CFG = CellConfig("cpu", steps=5, warmup=0, anatomy_steps=1, prompt_len=8, num_blocks=96)
 BATCH, K, EXTRA = 6, 2, 2
@@ -41,6 +43,7 @@ def cells(models: dict[str, CausalLM]) -> dict[str, tuple[dict, list[list[int]]]
         out[f"tetris_{draft}"] = run_cell(pair, CFG, BATCH, DraftPolicy(K, EXTRA, True))
     calibrated = (models["target"], models["calibrated"])
     out["prune_calibrated"] = run_cell(calibrated, CFG, BATCH, DraftPolicy(K, 0, True, FLOOR))
+    out["prune_calibrated_host"] = run_cell(calibrated, CFG, BATCH, DraftPolicy(K, 0, True, FLOOR, host_select=True))
     out["tetris_floor_calibrated"] = run_cell(calibrated, CFG, BATCH, DraftPolicy(K, EXTRA, True, FLOOR))
     return out
 
@@ -74,6 +77,29 @@ def test_a_floor_prunes_the_drafts_a_calibrated_draft_doubts(cells: dict[str, tu
     budget_only, floored = cells["tetris_calibrated"][0], cells["tetris_floor_calibrated"][0]
     assert floored["verified_tokens"] < budget_only["verified_tokens"]
     assert floored["accepted_per_verified_token"] > budget_only["accepted_per_verified_token"]
+
+
+def test_a_selection_on_the_device_verifies_what_one_read_back_does(
+        models: dict[str, CausalLM], cells: dict[str, tuple[dict, list[list[int]]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the whole budget as its capacity, a selection left on the device verifies and accepts exactly what
+    the one read back before the verify does, step for step. The bench's own capacity (the last step's wanted
+    count rounded up to a packed graph's tokens, set before drafting) may cut a step short; its cell still
+    emits AR's tokens (test_every_cell_emits_ars_tokens) and counts each step's capacity."""
+    host = cells["prune_calibrated_host"]
+    assert host[0]["kind"] == "tetris-host" and "capacity_cuts" not in host[0]
+
+    class WholeBudget(DraftCapacity):
+        def limit(self, batch: int, budget: int) -> int:
+            return budget
+
+    monkeypatch.setattr(tetris_cells, "DraftCapacity", WholeBudget)
+    device = run_cell((models["target"], models["calibrated"]), CFG, BATCH, DraftPolicy(K, 0, True, FLOOR))
+    assert device[0]["kind"] == "tetris" and device[0]["capacity_steps"] == CFG.warmup + CFG.steps + CFG.anatomy_steps
+    assert (device[0]["verified_tokens"], device[0]["accepted_tokens"]) == (host[0]["verified_tokens"],
+                                                                           host[0]["accepted_tokens"])
+    assert device[1] == host[1]
+    assert cells["prune_calibrated"][0]["capacity_steps"] == device[0]["capacity_steps"]
 
 
 def test_the_auto_floor_is_m_times_r_from_the_runs_own_cells() -> None:
@@ -119,5 +145,8 @@ def test_summary_ratios_compare_the_best_cells_of_a_batch() -> None:
     (summary,) = summaries(cells)  # batch 16 has no SD cells: no summary
     assert summary["best_fixed"] == {"k": 6, "tokens_per_s": 160.0}
     assert (summary["tetris_over_best_fixed"], summary["tetris_over_ar"]) == (1.25, 2.0)
-    assert plan([8], [4, 6], [0, 2]) == [(8, 0, 0, False), (8, 4, 0, False), (8, 4, 0, True), (8, 4, 2, True),
-                                         (8, 6, 0, False), (8, 6, 0, True), (8, 6, 2, True)]
+    assert plan([8], [4, 6], [0, 2]) == [(8, 0, 0, False, False), (8, 4, 0, False, False), (8, 4, 0, True, False),
+                                         (8, 4, 2, True, False), (8, 6, 0, False, False), (8, 6, 0, True, False),
+                                         (8, 6, 2, True, False)]
+    assert plan([8], [4], [1], host_too=True) == [(8, 0, 0, False, False), (8, 4, 0, False, False),
+                                                  (8, 4, 1, True, False), (8, 4, 1, True, True)]

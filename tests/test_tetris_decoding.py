@@ -35,6 +35,8 @@ def test_greedy_tetris_sd_equals_ar(random_pair: tuple[Path, Path], k: int, extr
     assert len(set(drafted)) > 1  # rows were verified to different depths
     if floor:  # the random draft is unsure of everything (max q a few %): the floor cuts below the budget
         assert 0 < sum(drafted) < k * sum(r.stats.steps for r in sd)
+    # every step selected on the device under a capacity set before it drafted, read back after its verdict
+    assert engine.capacity.steps == engine.total_steps and engine.capacity.wanted is not None
 
 
 @pytest.mark.skipif(not (TINY_TARGET / "config.json").exists(), reason="bundled pair not built")
@@ -70,7 +72,7 @@ def test_packed_forward_equals_padded_forward(random_pair: tuple[Path, Path]) ->
     ids = torch.tensor([[p[-1], *w] for p, w in zip(prompts, window, strict=True)])
     query_lens = [1 + n for n in lengths]
     ref = padded.forward_ids([0, 1, 2], ids, starts, query_lens, last_n=4)  # right-aligned
-    got = packed_forward(packed, [0, 1, 2], ids, starts, query_lens, lengths, 4)  # left-aligned
+    got = packed_forward(packed, [0, 1, 2], ids, starts, [1, 1, 1], lengths, 4, sum(query_lens))  # left-aligned
     for b, n in enumerate(lengths):
         torch.testing.assert_close(got[b, : n + 1], ref[b, 4 - (n + 1):], rtol=1e-5, atol=1e-5)
 

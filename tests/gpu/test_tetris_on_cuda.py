@@ -34,7 +34,7 @@ def test_packed_forward_equals_padded_on_triton() -> None:
     starts = [len(p) for p in prompts]
     query_lens = [1 + n for n in lengths]
     ref = padded.forward_ids(list(range(4)), ids, starts, query_lens, last_n=6)
-    got = packed_forward(packed, list(range(4)), ids, starts, query_lens, lengths, 6)
+    got = packed_forward(packed, list(range(4)), ids, starts, [1] * 4, lengths, 6, sum(query_lens))
     for b, n in enumerate(lengths):
         assert torch.equal(got[b, : n + 1].argmax(-1), ref[b, 6 - (n + 1):].argmax(-1))
         torch.testing.assert_close(got[b, : n + 1], ref[b, 6 - (n + 1):], rtol=0.05, atol=0.15)
@@ -90,8 +90,9 @@ def test_replayed_packed_graph_equals_eager_packed_forward(batch: int, dtype: to
         last = torch.tensor([[p[-1]] for p in prompts])
         ids = torch.cat((last, drafts.clamp(min=0)), dim=1).cuda()  # as verify_logits feeds a steady batch
         query_lens = [1 + n for n in lengths]
-        got = packed_forward(graphed, seq_ids, ids, starts, query_lens, lengths, width)
-        want = packed_forward(eager, seq_ids, ids, starts, query_lens, lengths, width)
+        counts = torch.tensor(lengths, device="cuda") if trial % 2 else lengths  # selected on the device, or not
+        got = packed_forward(graphed, seq_ids, ids, starts, [1] * batch, counts, width, sum(query_lens))
+        want = packed_forward(eager, seq_ids, ids, starts, [1] * batch, lengths, width, sum(query_lens))
         assert graphed.packed_graphs.replays == trial + 1  # replayed, not eager
         for b, n in enumerate(lengths):
             torch.testing.assert_close(got[b, : n + 1], want[b, : n + 1], rtol=rtol, atol=atol)
@@ -113,9 +114,10 @@ def test_greedy_tetris_sd_with_graphs_captured_ahead_replays_every_steady_verify
     runner = engine.target.runner
     graphs = runner.packed_graphs
     assert graphs is not None and runner.graphs is not None
-    # k = 1..3 at every bucket up to 16 (the in-process engine selects at any batch size), each with k + 1
-    # tokens per row down to half of it: 2 + 3 + 3 packed graphs per bucket
-    assert runner.capture_ahead(len(prompts), 3, scoring=True, selection=(EXTRA, 1)) == 5 * 4 + 5 * 8
+    # k = 1..3 at every bucket up to 16 (the in-process engine selects at any batch size), each with batch x
+    # (k + 1) tokens down to half of it, half a token per row apart: 2 + 3 + 3 packed graphs at bucket 1, 3 + 5 + 5
+    # at the others
+    assert runner.capture_ahead(len(prompts), 3, scoring=True, selection=(EXTRA, 1)) == 5 * 4 + 8 + 4 * 13
     captured_ms = runner.graph_capture_ms
     found: list[PackedKey | None] = []
     find = PackedGraphs.find

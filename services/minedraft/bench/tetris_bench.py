@@ -4,7 +4,8 @@ Drives a Verifier and a Drafter directly (SD colocated, no services): B sequence
 drafts (fixed k, or k + extra selected down to k x B, or nothing for AR), verifies and commits
 (bench/tetris_cells.py). Per cell: accepted tokens per verified token (what selection improves: the verify
 checks at most B + C tokens either way), tokens per step, tokens/s and, in a separate phase-timed pass, draft
-and verify ms per step; TETRIS cells (`--extras`, 0: draft k and only prune) verify no draft the draft rates
+and verify ms per step; TETRIS cells (`--extras`, 0: draft k and only prune; selected on the device, the
+verify queued behind the draft, or with `--host-select` also read back first) verify no draft the draft rates
 below `--min-prob` (auto: theta = m x R from this run's AR and fixed-k cells at the batch,
 bench/tetris_report.measured_floor; 0: the budget alone); then per batch TETRIS / best fixed k and TETRIS / AR
 (bench/tetris_report.py). Greedy, so each row's tokens must equal AR's; the script checks that too (exit 1 if
@@ -44,14 +45,18 @@ def models(args: argparse.Namespace) -> tuple[CausalLM, CausalLM]:
             load_model(args.draft or TINY_DRAFT, args.device, dtype))
 
 
-def plan(batches: list[int], ks: list[int], extras: list[int]) -> list[tuple[int, int, int, bool]]:
-    """(batch, k, extra, TETRIS) cells in running order: per batch AR first (the reference), then per k fixed,
-    then TETRIS at each extra: the floor of a TETRIS cell is read from the two before it."""
+def plan(batches: list[int], ks: list[int], extras: list[int], host_too: bool = False
+         ) -> list[tuple[int, int, int, bool, bool]]:
+    """(batch, k, extra, TETRIS, host selection) cells in running order: per batch AR first (the reference),
+    then per k fixed, then TETRIS at each extra (with `host_too` each followed by the same cell selecting with
+    a readback before the verify): the floor of a TETRIS cell is read from the AR and fixed cells before it."""
     cells = []
     for b in batches:
-        cells.append((b, 0, 0, False))
+        cells.append((b, 0, 0, False, False))
         for k in ks:
-            cells += [(b, k, 0, False)] + [(b, k, e, True) for e in extras]
+            cells.append((b, k, 0, False, False))
+            for e in extras:
+                cells += [(b, k, e, True, False)] + ([(b, k, e, True, True)] if host_too else [])
     return cells
 
 
@@ -72,12 +77,12 @@ def sweep(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, args: argparse.Names
     left AR's tokens."""
     exact = True
     references: dict[int, list[list[int]]] = {}
-    for batch, k, extra, tetris in plan(args.batches, args.ks, args.extras):
+    for batch, k, extra, tetris, host in plan(args.batches, args.ks, args.extras, args.host_select):
         if time.monotonic() > deadline or (k and batch not in references):
-            report["skipped"].append({"batch": batch, "k": k, "extra": extra, "tetris": tetris})
+            report["skipped"].append({"batch": batch, "k": k, "extra": extra, "tetris": tetris, "host": host})
             continue
         floor = floor_of(report["cells"], batch, k, args.min_prob) if tetris else {"min_prob": 0.0}
-        cell, tokens = run_cell(pair, cfg, batch, DraftPolicy(k, extra, tetris, floor["min_prob"]))
+        cell, tokens = run_cell(pair, cfg, batch, DraftPolicy(k, extra, tetris, floor["min_prob"], host))
         if tetris:
             cell |= floor
         if k:
@@ -110,6 +115,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-prob", type=min_prob_arg, default="auto",
                    help="TETRIS: floor on a verified draft's estimated acceptance (auto: m x R from this run's "
                    "measured costs; a number: that floor)")
+    p.add_argument("--host-select", action="store_true",
+                   help="also run each TETRIS cell with its selection read back before the verify")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--anatomy-steps", type=int, default=6, help="phase-timed steps after the timed ones")

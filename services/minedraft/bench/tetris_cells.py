@@ -20,6 +20,7 @@ from minedraft.engine.drafter import Drafter
 from minedraft.engine.model import CausalLM
 from minedraft.engine.ragged_graphs import selection_keys
 from minedraft.engine.runner import ModelRunner
+from minedraft.engine.tetris_capacity import DraftCapacity
 from minedraft.engine.tetris_propose import propose_selected
 from minedraft.engine.verifier import Verifier
 
@@ -58,10 +59,13 @@ class DraftPolicy:
     extra: int = 0
     select: bool = False
     min_prob: float = 0.0  # TETRIS: the floor on a verified draft's estimated acceptance
+    host_select: bool = False  # TETRIS: read the selection back before the verify (the services' way today)
 
     @property
     def kind(self) -> str:
-        return "ar" if not self.k else ("tetris" if self.select else "fixed")
+        if not self.k:
+            return "ar"
+        return ("tetris-host" if self.host_select else "tetris") if self.select else "fixed"
 
     def budget(self, batch: int) -> int:
         """Drafts verified over the batch (0: every draft)."""
@@ -78,16 +82,21 @@ class Counts:
 
 
 def decode_step(target: Verifier, draft: Drafter, ids: list[int], policy: DraftPolicy, counts: Counts,
-                clock: PhaseClock | None = None) -> None:
+                clock: PhaseClock | None = None, capacity: DraftCapacity | None = None) -> None:
     """Draft (nothing for AR; k + extra selected down to k x B for TETRIS), verify, commit; adds to counts.
-    With a clock, the draft phase and the verify phase (with the draft's commit) are timed apart."""
+    With a clock, the draft phase and the verify phase (with the draft's commit) are timed apart. With a
+    capacity, TETRIS selects on the device (the verify is queued behind the draft, no readback between)."""
     batch, k = len(ids), policy.k
     start = clock.now() if clock else 0.0
-    proposal = (propose_selected(draft, ids, k + policy.extra, policy.budget(batch), policy.min_prob)
-                if k else None)
+    budget = policy.budget(batch)
+    limit = capacity.limit(batch, budget) if capacity is not None else None
+    proposal = propose_selected(draft, ids, k + policy.extra, budget, policy.min_prob, limit) if k else None
     drafted = clock.now() if clock else 0.0
     verdict = target.verify(ids, proposal)
     accepted = verdict.accepted.tolist()
+    selected = proposal.read_counts() if proposal is not None else None
+    if selected is not None and capacity is not None and proposal is not None:
+        capacity.observe(selected[1], proposal.capacity)
     rows = verdict.tokens.tolist()
     if k:
         for seq_id, row, n in zip(ids, rows, accepted, strict=True):
@@ -118,16 +127,17 @@ def run_cell(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, batch: int, polic
     if policy.select and packed is not None:  # a pruned verify's token count varies by step: all of them now
         width = policy.k + policy.extra + 1
         packed.capture_ahead(key for key in selection_keys(batch, policy.k, policy.extra, batch) if key[1] == width)
+    capacity = DraftCapacity() if policy.select and not policy.host_select else None
     for _ in range(cfg.warmup):  # the fixed-width steps' graphs are captured here
-        decode_step(target, draft, ids, policy, Counts())
+        decode_step(target, draft, ids, policy, Counts(), capacity=capacity)
     timer = PhaseClock(cfg.device)
     counts = Counts()
     started = timer.now()
     for _ in range(cfg.steps):
-        decode_step(target, draft, ids, policy, counts)
+        decode_step(target, draft, ids, policy, counts, capacity=capacity)
     seconds = timer.now() - started
     for _ in range(cfg.anatomy_steps):
-        decode_step(target, draft, ids, policy, Counts(), timer)
+        decode_step(target, draft, ids, policy, Counts(), timer, capacity)
     per_step = 1000 / max(cfg.anatomy_steps, 1)
     cell = {"batch": batch, "k": policy.k, "extra": policy.extra, "kind": policy.kind,
             "tokens_per_s": round(counts.emitted / seconds, 1),
@@ -137,6 +147,8 @@ def run_cell(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, batch: int, polic
             "step_ms": round(1000 * seconds / cfg.steps, 2)}
     if policy.select:
         cell["min_prob"] = policy.min_prob
+    if capacity is not None:  # steps whose selection wanted more drafts than the capacity set before drafting
+        cell |= {"capacity_cuts": capacity.cuts, "capacity_steps": capacity.steps}
     if cfg.anatomy_steps:
         cell |= {"draft_ms": round(timer.draft_s * per_step, 2), "verify_ms": round(timer.verify_s * per_step, 2)}
     tokens = [target.seqs[s].tokens for s in ids]

@@ -20,6 +20,18 @@ class Proposal:
     probs: torch.Tensor | None  # [B, k, V]; None when the whole batch is greedy
     scores: torch.Tensor | None = None  # [B, k] TETRIS slot scores, when the drafter was asked (`scoring`)
     lengths: list[int] | None = None  # drafts each row has verified, when ragged (tokens -1 past them)
+    counts: torch.Tensor | None = None  # the same [B] on the device, for a selection that stayed there
+    wanted: torch.Tensor | None = None  # with counts: how many drafts the budget alone would have kept (0-d)
+    capacity: int = 0  # with counts: the most drafts they add up to (the verify's shape is sized for it)
+
+    def read_counts(self) -> tuple[list[int], int] | None:
+        """A device selection's per-row counts and wanted count on the host, in one readback (after the
+        verdict's, so it costs no wait); they are kept in `lengths` from then on. None: not selected there."""
+        if self.counts is None or self.wanted is None:
+            return None
+        values = torch.cat((self.counts, self.wanted.view(1))).tolist()
+        self.lengths = values[:-1]
+        return self.lengths, values[-1]
 
 
 class Drafter(SequenceHost):

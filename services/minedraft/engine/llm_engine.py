@@ -26,6 +26,7 @@ from minedraft.engine.eagle_drafter import EagleDrafter
 from minedraft.engine.eagle_pair import capturing_runner, head_beside
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
+from minedraft.engine.tetris_capacity import DraftCapacity
 from minedraft.engine.tetris_propose import propose_selected
 from minedraft.engine.verifier import Verifier
 
@@ -97,6 +98,7 @@ class LLMEngine:
         self.requests: dict[int, Request] = {}
         self._ids = itertools.count()
         self.total_steps = 0
+        self.capacity = DraftCapacity()  # TETRIS: the drafts a step may keep, decided before it drafts
 
     @classmethod
     def from_folders(
@@ -222,9 +224,13 @@ class LLMEngine:
         ids = [r.req_id for r in batch]
         self._states_first(ids)
         selects = self.width > self.k or self.config.tetris_min_prob > 0
-        proposal = (propose_selected(self.draft, ids, self.width, self.k * len(ids) if selects else 0,
-                                     self.config.tetris_min_prob) if self.draft is not None else None)
+        budget = self.k * len(ids) if selects else 0
+        proposal = (propose_selected(self.draft, ids, self.width, budget, self.config.tetris_min_prob,
+                                     self.capacity.limit(len(ids), budget)) if self.draft is not None else None)
         verdict = self.target.verify(ids, proposal)
+        selected = proposal.read_counts() if proposal is not None else None  # after the verdict's readback
+        if selected is not None and proposal is not None:
+            self.capacity.observe(selected[1], proposal.capacity)
         hidden = self.target.runner.take_hidden(ids)  # an EAGLE head's states (None for a draft model)
         states = hidden.split() if hidden is not None else [None] * len(ids)  # row b's run, in one pass
         self.total_steps += 1

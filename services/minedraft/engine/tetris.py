@@ -54,11 +54,11 @@ def slot_scores(chosen_logq: torch.Tensor, top_logq: torch.Tensor) -> torch.Tens
 
 def select_lengths(scores: torch.Tensor, budget: int, min_logp: float = -math.inf) -> torch.Tensor:
     """Per-row draft lengths [B] keeping the `budget` best slots of scores [B, K] that score at least
-    `min_logp` (prefix-closed: scores never rise with depth).
+    `min_logp` (prefix-closed: scores never rise with depth), on the scores' device without a host sync.
 
     A stable sort over the slots listed depth-major (every row's slot 0, then every row's slot 1, ...)
-    breaks ties toward the shallower slot and then the lower row; the floor then cuts the sorted list,
-    whose slots above it come first."""
+    breaks ties toward the shallower slot and then the lower row; of the first `budget` sorted slots, those
+    at or above the floor are kept (they come first in the sorted list)."""
     batch, width = scores.shape
     floor = min_logp > -math.inf
     if budget >= batch * width and not floor:
@@ -67,11 +67,17 @@ def select_lengths(scores: torch.Tensor, budget: int, min_logp: float = -math.in
         return torch.zeros(batch, dtype=torch.long, device=scores.device)
     flat = scores.double().t().reshape(-1)  # depth-major
     order = torch.sort(-flat, stable=True).indices[:budget]
-    if floor:
-        order = order[flat[order] >= min_logp]
-    kept = torch.zeros(batch * width, dtype=torch.long, device=scores.device)
-    kept[order] = 1
+    keep = (flat[order] >= min_logp).long() if floor else torch.ones_like(order)
+    kept = torch.zeros(batch * width, dtype=torch.long, device=scores.device).scatter_(0, order, keep)
     return kept.view(width, batch).sum(dim=0)
+
+
+def wanted_drafts(scores: torch.Tensor, budget: int, min_logp: float = -math.inf) -> torch.Tensor:
+    """How many slots a selection of at most `budget` would keep (a 0-d tensor on the scores' device): those at
+    or above the floor, at most `budget`. A capacity below it cut the rest (engine/tetris_capacity.py)."""
+    if min_logp == -math.inf:
+        return torch.full((), min(budget, scores.numel()), dtype=torch.long, device=scores.device)
+    return (scores.double() >= min_logp).sum().clamp(max=max(budget, 0))
 
 
 def prune(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -97,7 +97,9 @@ class Verifier(SequenceHost):
                             ) -> tuple[Verdict, LogprobsInFlight | None]:
         states = [self.seqs[s] for s in seq_ids]
         device = self.runner.device
-        ragged = proposal.lengths if proposal is not None else None  # TETRIS: per-row draft counts
+        ragged: list[int] | torch.Tensor | None = None  # TETRIS: per-row draft counts, on the host or the device
+        if proposal is not None:
+            ragged = proposal.lengths if proposal.lengths is not None else proposal.counts
         if proposal is None:
             drafts = torch.zeros((len(seq_ids), 0), dtype=torch.long, device=device)
             draft_probs = None
@@ -106,12 +108,15 @@ class Verifier(SequenceHost):
         k = drafts.shape[1]
         featured = bool(self.featured) and not self.featured.isdisjoint(seq_ids)
         prompt_rows = [b for b, st in enumerate(states) if self._wants_prompt_logprobs(st)] if featured else []
+        if prompt_rows and isinstance(ragged, torch.Tensor):  # their windows are laid out on the host
+            ragged = ragged.tolist()
         grammar_rows = self.grammars.rows(seq_ids) if featured else []
         drafts_host = drafts.tolist() if grammar_rows else []  # before the forward is queued: masks overlap it
         if ragged is None:
             logits, full = self._score(states, drafts, bool(prompt_rows))
         else:  # rows verify their own counts; slots past a row's count are never read (-1 drafts there)
-            logits, full = verify_logits(self.runner, states, drafts, ragged, bool(prompt_rows))
+            capacity = proposal.capacity if proposal is not None and proposal.counts is not None else None
+            logits, full = verify_logits(self.runner, states, drafts, ragged, bool(prompt_rows), capacity)
             drafts = drafts.clamp(min=0)
         processed = self.processing.apply(logits, states, drafts) if featured else logits
         if grammar_rows:
@@ -125,7 +130,8 @@ class Verifier(SequenceHost):
             draft_probs = draft_probs.to(device)
         judged = (drafts, draft_probs, target_probs, processed, sampling, positions)
         verdict = (verify_drafts(*judged) if ragged is None else
-                   verify_drafts(*judged, lengths=self.runner.to_device(torch.tensor(ragged, dtype=torch.long))))
+                   verify_drafts(*judged, lengths=ragged if isinstance(ragged, torch.Tensor) else
+                                 self.runner.to_device(torch.tensor(ragged, dtype=torch.long))))
         logprobs = self._logprobs(states, logits, processed, verdict) if featured else None
         if prompt_rows:
             assert full is not None

@@ -1,0 +1,50 @@
+"""TETRIS's capacity (engine/tetris_capacity.py): a step's draft bound set before it drafts, from the last
+step's wanted count rounded up so that batch + capacity is a packed graph's token count; a selection on the
+device keeps at most that many of its best slots and reports what the budget alone would have kept."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minedraft.engine.drafter import Proposal
+from minedraft.engine.ragged_graphs import selection_keys
+from minedraft.engine.tetris import select_lengths, wanted_drafts
+from minedraft.engine.tetris_capacity import DraftCapacity
+from minedraft.engine.tetris_propose import select
+
+
+def test_the_capacity_follows_the_last_wanted_count_to_a_packed_graphs_tokens() -> None:
+    capacity = DraftCapacity()
+    assert capacity.limit(64, 256) == 256  # nothing measured: the whole budget
+    capacity.observe(222, 256)
+    assert capacity.limit(64, 256) == 224  # 64 + 222 = 286 tokens: the 288-token graph
+    assert (64, 8, 8, 288) in selection_keys(64, 4, 3, 64)
+    assert capacity.limit(64, 200) == 200  # never past the budget
+    assert capacity.limit(40, 160) == 160  # 40 rows want the 264-token graph: more than their budget
+    capacity.observe(100, 104)
+    assert capacity.limit(40, 160) == 104  # 140 tokens -> 144 (6 x 24)
+    assert capacity.limit(64, 256) == 128  # 164 -> 192
+    capacity.observe(0, 0)
+    assert capacity.limit(64, 256) == 0 and capacity.limit(63, 252) == 1  # 63 rows: the 64-token graph
+    assert capacity.limit(64, 0) == 0
+    capacity.observe(30, 20)
+    assert (capacity.steps, capacity.cuts) == (4, 1)  # one step wanted more than it could keep
+
+
+def test_a_device_selection_keeps_its_capacitys_best_slots_and_says_what_the_budget_wanted() -> None:
+    scores = torch.tensor([[-0.1, -0.5, -0.9], [-0.2, -0.3, -2.0], [-3.0, -4.0, -5.0]])
+    floor = math.log(0.25)  # -1.386: five slots pass it
+    assert select_lengths(scores, 9, floor).tolist() == [3, 2, 0]
+    assert int(wanted_drafts(scores, 9, floor)) == 5 and int(wanted_drafts(scores, 4, floor)) == 4
+    assert int(wanted_drafts(scores, 4)) == 4 and int(wanted_drafts(scores, 20)) == 9  # no floor: the budget
+    tokens = torch.arange(9).view(3, 3)
+    proposal = Proposal(tokens, None, scores=scores)
+    chosen = select(proposal, 9, 0.25, capacity=3)
+    assert chosen.lengths is None and chosen.counts is not None and chosen.capacity == 3  # nothing read back
+    assert chosen.counts.tolist() == [1, 2, 0]  # the three best: -0.1 (row 0), -0.2 and -0.3 (row 1)
+    assert chosen.tokens.tolist() == [[0, -1, -1], [3, 4, -1], [-1, -1, -1]]
+    assert chosen.read_counts() == ([1, 2, 0], 5) and chosen.lengths == [1, 2, 0]
+    host = select(Proposal(tokens, None, scores=scores), 9, 0.25)
+    assert host.lengths == [3, 2, 0] and host.counts is None and host.read_counts() is None
