@@ -1,8 +1,9 @@
 """EAGLE drafting on the GPU path (Triton attention, bfloat16, CUDA graphs on both sides): greedy SD with a head
 equals AR token for token, for the bundled EAGLE-1 head and the synthetic EAGLE-3 head, whose acceptance is the
 draft model's at the same agreement; the capturing verifier's replayed steps give the eager step's features and
-greedy tokens, the head's replayed feedback forwards its logits and states; after capture_ahead every steady
-verify and feedback forward replays and nothing is captured while serving (CUDA only; skipped elsewhere)."""
+greedy tokens, the head's replayed first forwards (rows shorter than the graph's width among them) and feedback
+forwards its logits and states; after capture_ahead every steady verify, first and feedback forward replays and
+nothing is captured while serving (CUDA only; skipped elsewhere)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from minedraft.engine.model import CausalLM
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.verifier import Verifier
 from tests.conftest import engine_from_folders
-from tests.test_eagle_graphs import count_steps
+from tests.test_eagle_graphs import count_steps, first_widths
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 PARAMS = SamplingParams(max_tokens=48, ignore_eos=True)
@@ -40,8 +41,10 @@ def test_the_bundled_head_on_cuda_equals_ar() -> None:
     assert [r.output_ids for r in sd] == [r.output_ids for r in ar]
     assert sum(r.stats.accepted for r in sd) > 0
     verify, feedback = engine.target.runner.graphs, engine.draft.runner.graphs  # type: ignore[union-attr]
+    first = engine.draft.runner.first_graphs  # type: ignore[union-attr]
     assert verify is not None and verify.replays > 0  # the capturing verifier replayed its windows
     assert feedback is not None and feedback.replays > 0  # and the head its feedback forwards
+    assert first is not None and first.replays > 0  # and its first forwards of 2.. tokens (EAGLE-1: 1 is a feedback)
 
 
 def _generate(target: Verifier, drafter: Drafter | None, prompts: list[list[int]], k: int) -> list[Request]:
@@ -110,37 +113,46 @@ def test_replayed_steps_on_both_sides_equal_the_eager_ones() -> None:
     torch.testing.assert_close(got_rows.rows.float(), want_rows.rows.float(), rtol=5e-2, atol=5e-2)
 
     heads = EagleRunner(head, 512, 16, "cuda"), EagleRunner(head, 512, 16, "cuda", cuda_graphs=False)
-    assert heads[0].capture_ahead(4, 4) == 3 and heads[1].graphs is None
-    reserve = [40] * batch
-    taps = torch.randn((batch, 6, head.eagle.feature_width), generator=gen).cuda()
-    first = torch.randint(0, 512, (batch, 6), generator=gen).cuda()
-    outs = [r.forward_features(seq_ids, first, taps, [0] * batch, [6] * batch, reserve) for r in heads]
-    position, ones = torch.full((batch,), 6, device="cuda"), torch.ones(batch, dtype=torch.long, device="cuda")
+    assert heads[0].capture_ahead(4, 4) == 3 + 3 * 5 and heads[1].graphs is None  # feedback, first of 1..5 tokens
+    first_graphs = heads[0].first_graphs
+    assert first_graphs is not None
+    reserve, lens = [40] * batch, [5, 3, 1]  # rows shorter than the graph's width
+    taps = torch.randn((batch, 5, head.eagle.feature_width), generator=gen).cuda()
+    first = torch.randint(0, 512, (batch, 5), generator=gen).cuda()
+    outs = [r.forward_features(seq_ids, first, taps, [0] * batch, lens, reserve) for r in heads]
+    assert first_graphs.replays == 1 and heads[0].graphs is not None and heads[0].graphs.replays == 0
+    torch.testing.assert_close(outs[0][1].float(), outs[1][1].float(), rtol=2e-2, atol=5e-2)
+    _sure_tokens_equal(outs[0][0], outs[1][0])
+    position = torch.tensor(lens, device="cuda")
+    ones = torch.ones(batch, dtype=torch.long, device="cuda")
     for step in range(3):
         token = outs[1][0].argmax(-1)  # the eager head's draft, fed to both
         outs = [r.forward_features(seq_ids, token, out[1], position + step, ones, reserve)
                 for r, out in zip(heads, outs, strict=True)]
         torch.testing.assert_close(outs[0][1].float(), outs[1][1].float(), rtol=2e-2, atol=5e-2)
         _sure_tokens_equal(outs[0][0], outs[1][0])
-    assert heads[0].graphs is not None and heads[0].graphs.replays == 3
+    assert heads[0].graphs.replays == 3 and first_graphs.replays == 1 and len(first_graphs.steps) == 15
 
 
 def test_after_capture_ahead_greedy_sd_replays_every_steady_step_and_equals_ar() -> None:
     target, head, prompts = _synthetic()
     ar = _generate(Verifier(ModelRunner(target, 512, 16, "cuda")), None, prompts, 1)
     capture, drafter = head_runners(target, head, 512)
-    verify, feedback = capture.graphs, drafter.runner.graphs
-    assert verify is not None and feedback is not None
+    verify, feedback, first = capture.graphs, drafter.runner.graphs, drafter.head_runner.first_graphs
+    assert verify is not None and feedback is not None and first is not None
     capture.capture_ahead(len(prompts), 4, scoring=True)
     drafter.runner.capture_ahead(len(prompts), 4)
-    captured_ms = verify.capture_ms, feedback.capture_ms
+    captured_ms = verify.capture_ms, feedback.capture_ms, first.capture_ms
     widths, ks = count_steps(capture, drafter)
+    firsts = first_widths(drafter)
     sd = _generate(Verifier(capture), drafter, prompts, 4)
     assert [r.output_ids for r in sd] == [r.output_ids for r in ar]
     assert sum(r.stats.accepted for r in sd) > 0
     steady = [w for w in widths if w <= MAX_GRAPH_WIDTH]
     assert len(steady) >= len(widths) - 1 and verify.replays == len(steady) > 0  # all but the prompts' prefill
-    assert feedback.replays == sum(k - 1 for k in ks) > 0  # every feedback forward; each proposal's first eager
-    assert (verify.capture_ms, feedback.capture_ms) == captured_ms and not verify.eager and not feedback.eager
+    assert feedback.replays == sum(k - 1 for k in ks) > 0  # every feedback forward
+    assert len(firsts) == len(ks) and first.replays == sum(w <= 5 for w in firsts) >= len(ks) - 1  # all but the first
+    assert (verify.capture_ms, feedback.capture_ms, first.capture_ms) == captured_ms  # nothing captured while serving
+    assert not verify.eager and not feedback.eager and not first.eager
     assert GraphCache.bucket(len(prompts)) in {key[0] for key in feedback.steps}
 

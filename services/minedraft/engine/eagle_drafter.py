@@ -5,7 +5,9 @@ has true pairs for positions 0..L-2, and the head's output at L-2 drafts token L
 the target's states for the positions it computed since the last one (hidden_rows.py); `commit` keeps
 those of committed positions in a per-sequence stash (eagle_stash.py: one device buffer that a batch's
 commits write and a proposal's first forward reads in one op each), and the next `propose` feeds them,
-then drafts k tokens, feeding each draft back with the head's own output as its state.
+then drafts k tokens, feeding each draft back with the head's own output as its state. The first forward's
+features are gathered straight into the static buffer its CUDA graph reads (eagle_runner.py); its tokens
+and the rows' lengths go up in one upload, its starts and query lengths with the graph's block tables.
 
 `st.cached` counts the positions holding true pairs only. A position whose state has not arrived yet (a
 new sequence drafts before its first verdict; the target computes its prompt in the same step) is fed
@@ -16,6 +18,7 @@ the target never computes (its prefix cache held them) are zero-filled for good.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from minedraft.core.sampling_params import SamplingParams
@@ -55,27 +58,31 @@ class EagleDrafter(Drafter):
 
     def propose(self, seq_ids: list[int], k: int) -> Proposal:
         states = [self.seqs[s] for s in seq_ids]
-        starts, lasts, covered = [], [], []
+        starts, lens, covered, lengths = [], [], [], []
         for st in states:
-            last = max(st.length - 2, 0)  # the newest true pair (a one-token sequence has none: fed anyway)
+            length = st.length
+            last = max(length - 2, 0)  # the newest true pair (a one-token sequence has none: fed anyway)
             start = min(st.cached, last)  # at least the newest pair again: its output starts the drafts
             first, end = self.stash.span(st.seq_id) or (start, start)
             lo, hi = max(start, first), min(last + 1, end)
             starts.append(start)
-            lasts.append(last)
+            lens.append(last - start + 1)
+            lengths.append(length)
             covered.append(hi - lo if hi > lo and lo == start else 0)
             self.runner.truncate(st.seq_id, start)
-        lens = [last - start + 1 for start, last in zip(starts, lasts, strict=True)]
-        width = max(lens)
-        pairs = [st.tokens[start + 1:last + 2] or st.tokens[-1:] for st, start, last in zip(states, starts, lasts,
-                                                                                             strict=True)]
-        ids = torch.tensor([p + [0] * (width - len(p)) for p in pairs], dtype=torch.long)
-        features = self.stash.gather(seq_ids, starts, covered, width)
-        reserve = [st.length + k for st in states]
-        logits, self._out = self.head_runner.forward_features(seq_ids, self.runner.to_device(ids), features,
-                                                              starts, lens, reserve)
-        lengths = self.runner.to_device(torch.tensor([st.length for st in states], dtype=torch.long))
-        proposal = self.draft_from(seq_ids, logits, lengths, k, reserve)
+        batch, width = len(states), max(lens)
+        host = np.zeros(batch * (width + 1), dtype=np.int64)  # the pairs' tokens [B, width], then the lengths
+        ids = host[: batch * width].reshape(batch, width)
+        for b, (st, start, n) in enumerate(zip(states, starts, lens, strict=True)):
+            ids[b, :n] = st.tokens[start + 1 : start + 1 + n] or st.tokens[-1:]
+        host[batch * width :] = lengths
+        sent = self.runner.to_device(torch.from_numpy(host))  # one upload for both
+        slot = self.head_runner.first_features(batch, width)  # its graph's input buffer, if one replays it
+        features = self.stash.gather(seq_ids, starts, covered, width, slot)
+        reserve = [length + k for length in lengths]
+        logits, self._out = self.head_runner.forward_features(seq_ids, sent[: batch * width].view(batch, width),
+                                                              features, starts, lens, reserve)
+        proposal = self.draft_from(seq_ids, logits, sent[batch * width :], k, reserve)
         for st, start, n in zip(states, starts, covered, strict=True):
             st.cached = start + n
             self.stash.retire(st.seq_id, st.cached - 1)

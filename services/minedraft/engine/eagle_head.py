@@ -84,13 +84,16 @@ class EagleHead(nn.Module):
         h, residual = add_rms_norm(attn, residual, post.weight, post.eps, meta.backend)
         return layer.mlp(h, meta.backend) + residual
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., V] over the target's vocabulary (EAGLE-3: -inf outside the draft vocabulary)."""
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[..., V] float32 over the target's vocabulary (EAGLE-3: -inf outside the draft vocabulary); into
+        `out` when given (a graph's shared logits buffer)."""
         assert self.head_weight is not None, "fuse_projections() first"
         if self.eagle.version == 1:
-            return linear(hidden, self.head_weight).float()
+            logits = linear(hidden, self.head_weight)
+            return out.copy_(logits) if out is not None else logits.float()
         small = linear(rms_norm(hidden, self.norm.weight, self.norm.eps), self.head_weight).float()
-        full = small.new_full((*small.shape[:-1], self.config.vocab_size), float("-inf"))
+        shape = (*small.shape[:-1], self.config.vocab_size)
+        full = out.fill_(float("-inf")) if out is not None else small.new_full(shape, float("-inf"))
         ids = torch.arange(small.shape[-1], device=small.device) + self.d2t
         full[..., ids] = small
         return full
