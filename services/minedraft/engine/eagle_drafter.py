@@ -92,10 +92,10 @@ class EagleDrafter(Drafter):
 
     def feed_draft(self, seq_ids: list[int], token: torch.Tensor, position: torch.Tensor, ones: torch.Tensor,
                    reserve: list[int]) -> torch.Tensor:
-        """Draft token at `position` goes to draft position - 1, with the head's previous output as its state."""
+        """Draft token at `position` goes to draft position - 1 (never negative: a draft follows a committed token),
+        with the head's previous output as its state."""
         assert self._out is not None
-        logits, self._out = self.head_runner.forward_features(seq_ids, token, self._out, (position - 1).clamp(min=0),
-                                                              ones, reserve)
+        logits, self._out = self.head_runner.forward_features(seq_ids, token, self._out, position - 1, ones, reserve)
         return logits
 
     def commit(self, seq_id: int, new_tokens: list[int], accepted: int,
