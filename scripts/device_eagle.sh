@@ -5,13 +5,14 @@
 # k = 4 then 6 as the deadline allows (bench/gpu/eagle_probe.py): tokens/s, acceptance, the step's draft,
 # verify and host parts and the draft's bandwidth bound, AR beside them. About 240 s; output under $OUT.
 # Usage on the device machine, repository root, carrying `.whl` and `services/minedraft/proto`:
-#   bash scripts/device_eagle.sh   # ENGINE_TESTS=0 skips the tests; BATCHES, KS, AGREE, DEADLINE override
+#   bash scripts/device_eagle.sh   # ENGINE_TESTS=0 skips the tests (TEST_S bounds them, default 90 s); BATCHES, KS,
+#   AGREE, DEADLINE override
 set -uo pipefail
 OUT="${OUT:-$PWD/device_out}"
 mkdir -p "$OUT"
 source scripts/device_env.sh
 if [ "${ENGINE_TESTS:-1}" = 1 ]; then
-  timeout 90 python3 -m pytest -rs -p no:cacheprovider tests/gpu/test_eagle_on_cuda.py > "$OUT/eagle_tests.txt" 2>&1
+  timeout "${TEST_S:-90}" python3 -m pytest -rs -p no:cacheprovider tests/gpu/test_eagle_on_cuda.py > "$OUT/eagle_tests.txt" 2>&1
   RC=$?; echo "gpu tests exit $RC"; tail -1 "$OUT/eagle_tests.txt"
   [ "$RC" = 0 ] || [ -n "${KEEP_GOING:-}" ] || exit 4  # a head path that is not exact is not worth timing
 fi
