@@ -94,9 +94,8 @@ def decode_step(target: Verifier, draft: Drafter, ids: list[int], policy: DraftP
     drafted = clock.now() if clock else 0.0
     verdict = target.verify(ids, proposal)
     accepted = verdict.accepted.tolist()
-    selected = proposal.read_counts() if proposal is not None else None
-    if selected is not None and capacity is not None and proposal is not None:
-        capacity.observe(selected[1], proposal.capacity)
+    if capacity is not None:
+        capacity.settle(proposal)
     rows = verdict.tokens.tolist()
     if k:
         for seq_id, row, n in zip(ids, rows, accepted, strict=True):

@@ -228,9 +228,7 @@ class LLMEngine:
         proposal = (propose_selected(self.draft, ids, self.width, budget, self.config.tetris_min_prob,
                                      self.capacity.limit(len(ids), budget)) if self.draft is not None else None)
         verdict = self.target.verify(ids, proposal)
-        selected = proposal.read_counts() if proposal is not None else None  # after the verdict's readback
-        if selected is not None and proposal is not None:
-            self.capacity.observe(selected[1], proposal.capacity)
+        self.capacity.settle(proposal)  # after the verdict's readback
         hidden = self.target.runner.take_hidden(ids)  # an EAGLE head's states (None for a draft model)
         states = hidden.split() if hidden is not None else [None] * len(ids)  # row b's run, in one pass
         self.total_steps += 1

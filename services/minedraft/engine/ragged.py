@@ -102,7 +102,7 @@ def packed_forward(runner: ModelRunner, seq_ids: list[int], ids: torch.Tensor, s
     tables = kept.device
     meta = runner.to_device(torch.from_numpy(heads))
     if on_device:
-        meta[2 * rows : 2 * rows + batch] = drafts
+        layout.split(meta)[2][:batch].copy_(drafts)
         ids = torch.cat((ids, ids.new_zeros(1, ids.shape[1])))
         tables = torch.cat((tables, tables.new_zeros(1, tables.shape[1])))
     meta = torch.cat((meta, tables.reshape(-1)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minedraft.engine.cuda_graphs import GraphCache
+from minedraft.engine.drafter import Proposal
 from minedraft.engine.ragged_graphs import token_grain
 
 
@@ -43,3 +44,10 @@ class DraftCapacity:
         self.wanted = wanted
         self.steps += 1
         self.cuts += wanted > capacity
+
+    def settle(self, proposal: Proposal | None) -> None:
+        """After a step's verdict was read: its device selection's counts onto the host (`Proposal.lengths`)
+        and its wanted count into the next step's capacity; nothing for a proposal selected on the host."""
+        selected = proposal.read_counts() if proposal is not None else None
+        if selected is not None and proposal is not None:
+            self.observe(selected[1], proposal.capacity)
