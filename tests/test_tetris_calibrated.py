@@ -18,6 +18,7 @@ from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic
 from minedraft.bench.tetris_bench import main, plan
 from minedraft.bench.tetris_cells import CellConfig, DraftPolicy, run_cell
 from minedraft.bench.tetris_report import equals_ar, measured_floor, summaries
+from minedraft.engine.drafter import Proposal
 from minedraft.engine.model import CausalLM
 from minedraft.engine.tetris_capacity import DraftCapacity
 
@@ -45,6 +46,8 @@ def cells(models: dict[str, CausalLM]) -> dict[str, tuple[dict, list[list[int]]]
     out["prune_calibrated"] = run_cell(calibrated, CFG, BATCH, DraftPolicy(K, 0, True, FLOOR))
     out["prune_calibrated_host"] = run_cell(calibrated, CFG, BATCH, DraftPolicy(K, 0, True, FLOOR, host_select=True))
     out["tetris_floor_calibrated"] = run_cell(calibrated, CFG, BATCH, DraftPolicy(K, EXTRA, True, FLOOR))
+    out["tetris_floor_calibrated_host"] = run_cell(calibrated, CFG, BATCH,
+                                                   DraftPolicy(K, EXTRA, True, FLOOR, host_select=True))
     return out
 
 
@@ -66,40 +69,64 @@ def test_calibrated_selection_accepts_more_per_verified_token(cells: dict[str, t
 
 def test_a_floor_prunes_the_drafts_a_calibrated_draft_doubts(cells: dict[str, tuple[dict, list[list[int]]]]
                                                              ) -> None:
-    """Prune-only TETRIS (extra 0) verifies fewer tokens than fixed k and accepts as many: the draft is unsure
-    only where it is wrong (miscal 0), so a pruned draft would have been rejected. With extra drafts the floor
-    cuts below the budget too, and still accepts more per verified token than the budget alone."""
-    fixed, pruned = cells["fixed_calibrated"][0], cells["prune_calibrated"][0]
-    assert pruned["min_prob"] == FLOOR
+    """Prune-only TETRIS (extra 0) selected on the host verifies fewer tokens than fixed k and accepts as many:
+    the draft is unsure only where it is wrong (miscal 0), so a pruned draft would have been rejected. On the
+    device the capacity, fixed before drafting, follows the floor a step late (a step that wants more drafts
+    than the last one drops those nearest the floor), and still accepts more per verified token than fixed k.
+    With extra drafts the floor cuts below the budget too, and still accepts more per verified token than the
+    budget alone."""
+    fixed, host, pruned = (cells[name][0] for name in ("fixed_calibrated", "prune_calibrated_host",
+                                                       "prune_calibrated"))
+    assert pruned["min_prob"] == host["min_prob"] == FLOOR
+    assert host["verified_tokens"] < fixed["verified_tokens"]
+    assert host["accepted_tokens"] >= 0.95 * fixed["accepted_tokens"]
     assert pruned["verified_tokens"] < fixed["verified_tokens"]
-    assert pruned["accepted_tokens"] >= 0.95 * fixed["accepted_tokens"]
     assert pruned["accepted_per_verified_token"] > fixed["accepted_per_verified_token"]
-    budget_only, floored = cells["tetris_calibrated"][0], cells["tetris_floor_calibrated"][0]
+    budget_only, floored = cells["tetris_calibrated"][0], cells["tetris_floor_calibrated_host"][0]
     assert floored["verified_tokens"] < budget_only["verified_tokens"]
     assert floored["accepted_per_verified_token"] > budget_only["accepted_per_verified_token"]
+    assert cells["tetris_floor_calibrated"][0]["verified_tokens"] < budget_only["verified_tokens"]
 
 
 def test_a_selection_on_the_device_verifies_what_one_read_back_does(
         models: dict[str, CausalLM], cells: dict[str, tuple[dict, list[list[int]]]],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the whole budget as its capacity, a selection left on the device verifies and accepts exactly what
-    the one read back before the verify does, step for step. The bench's own capacity (the last step's wanted
-    count rounded up to a packed graph's tokens, set before drafting) may cut a step short; its cell still
-    emits AR's tokens (test_every_cell_emits_ars_tokens) and counts each step's capacity."""
+    """Given as its capacity each step's count of drafts the floor kept on the host, a selection left on the
+    device keeps the same slots (the best ones, which are those above the floor) and verifies and accepts
+    exactly what the one read back before the verify does, step for step. The bench's own capacity (the last
+    step's wanted count rounded up to a packed graph's tokens, set before drafting, and filled) differs by
+    step; its cell still emits AR's tokens (test_every_cell_emits_ars_tokens) and counts each step's capacity."""
     host = cells["prune_calibrated_host"]
     assert host[0]["kind"] == "tetris-host" and "capacity_cuts" not in host[0]
+    kept: list[int] = []
+    chosen = tetris_cells.propose_selected
 
-    class WholeBudget(DraftCapacity):
-        def limit(self, batch: int, budget: int) -> int:
-            return budget
+    def recording(*args: object) -> Proposal:
+        proposal = chosen(*args)  # type: ignore[arg-type]
+        assert proposal.lengths is not None
+        kept.append(sum(proposal.lengths))
+        return proposal
 
-    monkeypatch.setattr(tetris_cells, "DraftCapacity", WholeBudget)
-    device = run_cell((models["target"], models["calibrated"]), CFG, BATCH, DraftPolicy(K, 0, True, FLOOR))
+    monkeypatch.setattr(tetris_cells, "propose_selected", recording)
+    pair = (models["target"], models["calibrated"])
+    again = run_cell(pair, CFG, BATCH, DraftPolicy(K, 0, True, FLOOR, host_select=True))
+    assert again[1] == host[1] and again[0]["verified_tokens"] == host[0]["verified_tokens"]
+    assert len(kept) == CFG.warmup + CFG.steps + CFG.anatomy_steps
+    monkeypatch.setattr(tetris_cells, "propose_selected", chosen)
+
+    class HostCounts(DraftCapacity):
+        def plan(self, batch: int, width: int, budget: int) -> tuple[int, int | None]:
+            return budget, kept.pop(0)
+
+    monkeypatch.setattr(tetris_cells, "DraftCapacity", HostCounts)
+    device = run_cell(pair, CFG, BATCH, DraftPolicy(K, 0, True, FLOOR))
     assert device[0]["kind"] == "tetris" and device[0]["capacity_steps"] == CFG.warmup + CFG.steps + CFG.anatomy_steps
+    assert device[0]["capacity_cuts"] == 0 and not kept
     assert (device[0]["verified_tokens"], device[0]["accepted_tokens"]) == (host[0]["verified_tokens"],
                                                                            host[0]["accepted_tokens"])
     assert device[1] == host[1]
-    assert cells["prune_calibrated"][0]["capacity_steps"] == device[0]["capacity_steps"]
+    own = cells["prune_calibrated"][0]
+    assert own["capacity_steps"] + own["plain_steps"] == device[0]["capacity_steps"] and own["tile"] == 1
 
 
 def test_the_auto_floor_is_m_times_r_from_the_runs_own_cells() -> None:
@@ -145,8 +172,10 @@ def test_summary_ratios_compare_the_best_cells_of_a_batch() -> None:
     (summary,) = summaries(cells)  # batch 16 has no SD cells: no summary
     assert summary["best_fixed"] == {"k": 6, "tokens_per_s": 160.0}
     assert (summary["tetris_over_best_fixed"], summary["tetris_over_ar"]) == (1.25, 2.0)
-    assert plan([8], [4, 6], [0, 2]) == [(8, 0, 0, False, False), (8, 4, 0, False, False), (8, 4, 0, True, False),
-                                         (8, 4, 2, True, False), (8, 6, 0, False, False), (8, 6, 0, True, False),
-                                         (8, 6, 2, True, False)]
-    assert plan([8], [4], [1], host_too=True) == [(8, 0, 0, False, False), (8, 4, 0, False, False),
-                                                  (8, 4, 1, True, False), (8, 4, 1, True, True)]
+    assert plan([8], [4, 6], [0, 2]) == [(8, 0, 0, False, False, 0), (8, 4, 0, False, False, 0),
+                                         (8, 4, 0, True, False, 0), (8, 4, 2, True, False, 0),
+                                         (8, 6, 0, False, False, 0), (8, 6, 0, True, False, 0),
+                                         (8, 6, 2, True, False, 0)]
+    assert plan([8], [4], [1], host_too=True, tiles=(128, 1)) == [
+        (8, 0, 0, False, False, 0), (8, 4, 0, False, False, 0), (8, 4, 1, True, False, 128),
+        (8, 4, 1, True, False, 1), (8, 4, 1, True, True, 0)]

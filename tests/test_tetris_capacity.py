@@ -11,12 +11,12 @@ import torch
 from minedraft.engine.drafter import Proposal
 from minedraft.engine.ragged_graphs import selection_keys
 from minedraft.engine.tetris import select_lengths, wanted_drafts
-from minedraft.engine.tetris_capacity import DraftCapacity
+from minedraft.engine.tetris_capacity import DraftCapacity, row_tile
 from minedraft.engine.tetris_propose import select
 
 
 def test_the_capacity_follows_the_last_wanted_count_to_a_packed_graphs_tokens() -> None:
-    capacity = DraftCapacity()
+    capacity = DraftCapacity(grained=True)
     assert capacity.limit(64, 256) == 256  # nothing measured: the whole budget
     capacity.observe(222, 256)
     assert capacity.limit(64, 256) == 224  # 64 + 222 = 286 tokens: the 288-token graph
@@ -31,6 +31,33 @@ def test_the_capacity_follows_the_last_wanted_count_to_a_packed_graphs_tokens() 
     assert capacity.limit(64, 0) == 0
     capacity.observe(30, 20)
     assert (capacity.steps, capacity.cuts) == (4, 1)  # one step wanted more than it could keep
+    eager = DraftCapacity()  # no packed graphs: the count itself
+    eager.observe(101, 256)
+    assert eager.limit(40, 160) == 101
+
+
+def test_the_capacity_rounds_to_the_row_tile_and_a_step_saving_none_is_plain_fixed_k() -> None:
+    """On CUDA a verify costs the same for every token count within a 128-row tile: at 64 rows and k = 3 a
+    floor that wants 175 of 192 drafts saves nothing (239 tokens are two tiles, as 256 are), so the step keeps
+    every draft without scoring, but for one probe in `probe_every`; at k = 6 wanting 281 of 384 fills three
+    tiles (320 drafts) instead of four."""
+    assert row_tile("cuda:0") == 128 and row_tile("cpu") == 1
+    capacity = DraftCapacity(128, grained=True, probe_every=4)
+    assert capacity.plan(64, 3, 192) == (192, 192)  # nothing measured: score and select
+    capacity.observe(175, 192)
+    plans = [capacity.plan(64, 3, 192) for _ in range(8)]
+    assert plans == [(0, None)] * 3 + [(192, 192)] + [(0, None)] * 3 + [(192, 192)]
+    assert capacity.plain == 6
+    capacity.observe(100, 192)  # 164 tokens: two tiles, as 256 are
+    assert capacity.limit(64, 192) == 192
+    capacity.observe(60, 192)  # 124 tokens: one tile
+    assert capacity.plan(64, 3, 192) == (192, 64)
+    capacity.observe(281, 384)
+    assert capacity.plan(64, 6, 384) == (384, 320)  # 345 tokens -> 384: three tiles of 128
+    capacity.observe(380, 320)  # 444 tokens: four tiles, as 448 are
+    assert capacity.plan(64, 7, 384) == (384, 384)  # the whole budget of 448 candidates (extra 1): still a choice
+    assert capacity.plan(64, 6, 384) == (0, None)  # of 384: none, a plain step
+    assert capacity.plan(64, 3, 0) == (0, None)  # no selection asked
 
 
 def test_a_device_selection_keeps_its_capacitys_best_slots_and_says_what_the_budget_wanted() -> None:

@@ -45,18 +45,19 @@ def models(args: argparse.Namespace) -> tuple[CausalLM, CausalLM]:
             load_model(args.draft or TINY_DRAFT, args.device, dtype))
 
 
-def plan(batches: list[int], ks: list[int], extras: list[int], host_too: bool = False
-         ) -> list[tuple[int, int, int, bool, bool]]:
-    """(batch, k, extra, TETRIS, host selection) cells in running order: per batch AR first (the reference),
-    then per k fixed, then TETRIS at each extra (with `host_too` each followed by the same cell selecting with
-    a readback before the verify): the floor of a TETRIS cell is read from the AR and fixed cells before it."""
+def plan(batches: list[int], ks: list[int], extras: list[int], host_too: bool = False, tiles: tuple[int, ...] = (0,)
+         ) -> list[tuple[int, int, int, bool, bool, int]]:
+    """(batch, k, extra, TETRIS, host selection, row tile) cells in running order: per batch AR first (the
+    reference), then per k fixed, then TETRIS at each extra, once per row tile (0: the device's), with `host_too`
+    followed by the same cell selecting with a readback before the verify: the floor of a TETRIS cell is read
+    from the AR and fixed cells before it."""
     cells = []
     for b in batches:
-        cells.append((b, 0, 0, False, False))
+        cells.append((b, 0, 0, False, False, 0))
         for k in ks:
-            cells.append((b, k, 0, False, False))
+            cells.append((b, k, 0, False, False, 0))
             for e in extras:
-                cells += [(b, k, e, True, False)] + ([(b, k, e, True, True)] if host_too else [])
+                cells += [(b, k, e, True, False, t) for t in tiles] + ([(b, k, e, True, True, 0)] if host_too else [])
     return cells
 
 
@@ -77,12 +78,13 @@ def sweep(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, args: argparse.Names
     left AR's tokens."""
     exact = True
     references: dict[int, list[list[int]]] = {}
-    for batch, k, extra, tetris, host in plan(args.batches, args.ks, args.extras, args.host_select):
+    for batch, k, extra, tetris, host, tile in plan(args.batches, args.ks, args.extras, args.host_select,
+                                                    tuple(args.tiles)):
         if time.monotonic() > deadline or (k and batch not in references):
             report["skipped"].append({"batch": batch, "k": k, "extra": extra, "tetris": tetris, "host": host})
             continue
         floor = floor_of(report["cells"], batch, k, args.min_prob) if tetris else {"min_prob": 0.0}
-        cell, tokens = run_cell(pair, cfg, batch, DraftPolicy(k, extra, tetris, floor["min_prob"], host))
+        cell, tokens = run_cell(pair, cfg, batch, DraftPolicy(k, extra, tetris, floor["min_prob"], host, tile))
         if tetris:
             cell |= floor
         if k:
@@ -117,6 +119,9 @@ def parser() -> argparse.ArgumentParser:
                    "measured costs; a number: that floor)")
     p.add_argument("--host-select", action="store_true",
                    help="also run each TETRIS cell with its selection read back before the verify")
+    p.add_argument("--tiles", type=int_list, default=[0],
+                   help="TETRIS on the device: the verify's cost steps in tokens to run each cell with (0: the "
+                   "device's, 128 on CUDA, 1 on a CPU; engine/tetris_capacity.py)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--anatomy-steps", type=int, default=6, help="phase-timed steps after the timed ones")

@@ -20,7 +20,7 @@ from minedraft.engine.drafter import Drafter
 from minedraft.engine.model import CausalLM
 from minedraft.engine.ragged_graphs import selection_keys
 from minedraft.engine.runner import ModelRunner
-from minedraft.engine.tetris_capacity import DraftCapacity
+from minedraft.engine.tetris_capacity import DraftCapacity, row_tile
 from minedraft.engine.tetris_propose import propose_selected
 from minedraft.engine.verifier import Verifier
 
@@ -60,6 +60,7 @@ class DraftPolicy:
     select: bool = False
     min_prob: float = 0.0  # TETRIS: the floor on a verified draft's estimated acceptance
     host_select: bool = False  # TETRIS: read the selection back before the verify (the services' way today)
+    tile: int = 0  # TETRIS on the device: the verify's cost step in tokens (0: the device's)
 
     @property
     def kind(self) -> str:
@@ -88,8 +89,9 @@ def decode_step(target: Verifier, draft: Drafter, ids: list[int], policy: DraftP
     capacity, TETRIS selects on the device (the verify is queued behind the draft, no readback between)."""
     batch, k = len(ids), policy.k
     start = clock.now() if clock else 0.0
-    budget = policy.budget(batch)
-    limit = capacity.limit(batch, budget) if capacity is not None else None
+    budget, limit = policy.budget(batch), None
+    if capacity is not None:
+        budget, limit = capacity.plan(batch, k + policy.extra, budget)
     proposal = propose_selected(draft, ids, k + policy.extra, budget, policy.min_prob, limit) if k else None
     drafted = clock.now() if clock else 0.0
     verdict = target.verify(ids, proposal)
@@ -126,7 +128,8 @@ def run_cell(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, batch: int, polic
     if policy.select and packed is not None:  # a pruned verify's token count varies by step: all of them now
         width = policy.k + policy.extra + 1
         packed.capture_ahead(key for key in selection_keys(batch, policy.k, policy.extra, batch) if key[1] == width)
-    capacity = DraftCapacity() if policy.select and not policy.host_select else None
+    tile = policy.tile or row_tile(cfg.device)
+    capacity = DraftCapacity(tile, packed is not None) if policy.select and not policy.host_select else None
     for _ in range(cfg.warmup):  # the fixed-width steps' graphs are captured here
         decode_step(target, draft, ids, policy, Counts(), capacity=capacity)
     timer = PhaseClock(cfg.device)
@@ -147,7 +150,8 @@ def run_cell(pair: tuple[CausalLM, CausalLM], cfg: CellConfig, batch: int, polic
     if policy.select:
         cell["min_prob"] = policy.min_prob
     if capacity is not None:  # steps whose selection wanted more drafts than the capacity set before drafting
-        cell |= {"capacity_cuts": capacity.cuts, "capacity_steps": capacity.steps}
+        cell |= {"tile": tile, "capacity_cuts": capacity.cuts, "capacity_steps": capacity.steps,
+                 "plain_steps": capacity.plain}
     if cfg.anatomy_steps:
         cell |= {"draft_ms": round(timer.draft_s * per_step, 2), "verify_ms": round(timer.verify_s * per_step, 2)}
     tokens = [target.seqs[s].tokens for s in ids]

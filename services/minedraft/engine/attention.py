@@ -36,6 +36,8 @@ class AttentionMetadata:
     write_tokens: torch.Tensor | None = None  # torch: flat [B*Q] indices of the real tokens (None: all are)
     write_slots: torch.Tensor | None = None  # torch: KV slot of each written token
     folded_masks: dict | None = None  # torch: additive masks per (query-head group, dtype), [B, 1, Q*G|1, L]
+    q_offsets: torch.Tensor | None = None  # triton, packed: [B] each row's first token in q, positions, slots [1, N]
+    packed_width: int = 0  # triton, packed: the widest row's query tokens (the attention grid's Q)
 
 
 def build_metadata(
@@ -64,6 +66,30 @@ def build_metadata(
     slots = blocks * block_size + positions % block_size
     slot_mapping = torch.where(valid_q, slots, torch.full_like(slots, -1))
     return AttentionMetadata(positions, slot_mapping, block_tables, starts, query_lens, sliding_window, backend)
+
+
+def packed_metadata(
+    starts: torch.Tensor,
+    query_lens: torch.Tensor,
+    rows: torch.Tensor,
+    width: int,
+    block_tables: torch.Tensor,
+    block_size: int,
+    sliding_window: int | None = None,
+) -> AttentionMetadata:
+    """The triton path's metadata for packed tokens (engine/ragged.py): token t is query rows[t] % width of
+    row rows[t] // width of the [B, width] layout; one that is no row's valid query (a dummy) writes no KV.
+    Positions and slots are per token, [1, N], and the attention reads q packed from each row's offset, so
+    the layers never scatter their tokens into the [B, width] layout. No host synchronisation."""
+    row, within = rows // width, rows % width
+    valid = within < query_lens[row]
+    positions = torch.where(valid, starts[row] + within, 0)
+    column = (positions // block_size).clamp(max=block_tables.shape[1] - 1)
+    blocks = block_tables.reshape(-1)[row * block_tables.shape[1] + column]
+    slots = torch.where(valid, blocks * block_size + positions % block_size, -1)
+    offsets = torch.cumsum(query_lens, 0) - query_lens
+    return AttentionMetadata(positions.unsqueeze(0), slots.unsqueeze(0), block_tables, starts, query_lens,
+                             sliding_window, "triton", q_offsets=offsets, packed_width=width)
 
 
 def _torch_metadata(
@@ -178,7 +204,7 @@ def paged_attention(
         from minedraft.engine.cuda.paged_attention import paged_attention_triton
 
         return paged_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.starts, meta.query_lens, scale,
-                                      meta.sliding_window)
+                                      meta.sliding_window, q_offsets=meta.q_offsets, width=meta.packed_width)
     assert meta.key_blocks is not None and meta.key_mask is not None
     batch, width, heads, dim = q.shape
     kv_heads = k_cache.shape[2]

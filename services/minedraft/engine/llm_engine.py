@@ -26,7 +26,7 @@ from minedraft.engine.eagle_drafter import EagleDrafter
 from minedraft.engine.eagle_pair import capturing_runner, head_beside
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
-from minedraft.engine.tetris_capacity import DraftCapacity
+from minedraft.engine.tetris_capacity import DraftCapacity, row_tile
 from minedraft.engine.tetris_propose import propose_selected
 from minedraft.engine.verifier import Verifier
 
@@ -47,6 +47,7 @@ class EngineConfig:
     draft_kind: str = "model"  # or "eagle": the draft folder is an EAGLE head (engine/eagle_pair.py)
     tetris_extra: int = 0  # > 0: draft k + this many and verify the batch's best k x batch (engine/tetris.py)
     tetris_min_prob: float = 0.0  # > 0: verify no draft whose estimated acceptance is below this (any extra)
+    tetris_tile: int = 0  # TETRIS: the verify's cost step in tokens (0: the device's, engine/tetris_capacity.py)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -98,7 +99,9 @@ class LLMEngine:
         self.requests: dict[int, Request] = {}
         self._ids = itertools.count()
         self.total_steps = 0
-        self.capacity = DraftCapacity()  # TETRIS: the drafts a step may keep, decided before it drafts
+        tile = config.tetris_tile or row_tile(str(target.runner.device))
+        # TETRIS: the drafts a step may keep, decided before it drafts
+        self.capacity = DraftCapacity(tile, target.runner.packed_graphs is not None)
 
     @classmethod
     def from_folders(
@@ -225,8 +228,9 @@ class LLMEngine:
         self._states_first(ids)
         selects = self.width > self.k or self.config.tetris_min_prob > 0
         budget = self.k * len(ids) if selects else 0
-        proposal = (propose_selected(self.draft, ids, self.width, budget, self.config.tetris_min_prob,
-                                     self.capacity.limit(len(ids), budget)) if self.draft is not None else None)
+        budget, capacity = self.capacity.plan(len(ids), self.width, budget)
+        proposal = (propose_selected(self.draft, ids, self.width, budget, self.config.tetris_min_prob, capacity)
+                    if self.draft is not None else None)
         verdict = self.target.verify(ids, proposal)
         self.capacity.settle(proposal)  # after the verdict's readback
         hidden = self.target.runner.take_hidden(ids)  # an EAGLE head's states (None for a draft model)

@@ -70,9 +70,11 @@ class Attention(nn.Module):
         """Every token's keys and values are stored; with `pick` ([B, n] query indices) only those
         queries attend and come out ([B, n, hidden]). With `rows` (engine/ragged.py) x is packed
         [1, N, hidden], the valid tokens of the [B, Q] layout at those flat indices: the projections
-        run on them alone and only the attention sees the padded layout."""
+        run on them alone and only the attention sees the padded layout (on the torch path; the triton path's
+        metadata has the attention read the packed tokens themselves, `packed_metadata`)."""
         qkv = linear(x, self.qkv_weight, self.qkv_bias)
-        if rows is not None:
+        scatter = rows is not None and meta.q_offsets is None
+        if scatter:
             qkv = unpack_rows(qkv, rows, meta.positions.shape)
         qk_norm = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
         q = rope_and_store(qkv, cos_sin, kv, meta, self.num_heads, self.num_kv_heads, self.head_dim, qk_norm)
@@ -80,7 +82,7 @@ class Attention(nn.Module):
             q, meta = take_rows(q, pick), select_queries(meta, pick)
         out = paged_attention(q, kv[0], kv[1], meta, self.scale)
         out = out.reshape(*out.shape[:2], -1)
-        if rows is not None:
+        if scatter:
             out = out.view(-1, out.shape[-1]).index_select(0, rows).unsqueeze(0)
         return linear(out, self.o_weight)
 
@@ -176,13 +178,13 @@ class CausalLM(nn.Module):
         `packed` (rows, picked), from engine/ragged.py: the layers run on the valid tokens alone (flat
         indices `rows` of the [B, Q] layout) and the result is the hidden states at `picked` [B, n]
         (indices into the packed tokens); `pick` is then unused."""
-        x = self.model.embed_tokens(input_ids)
-        residual: torch.Tensor | None = None
-        cos_sin = self.model.rotary.cos_sin(meta.positions)
         rows = None
         if packed is not None:
             rows, pick = packed[0], None
-            x = x.view(-1, x.shape[-1]).index_select(0, rows).unsqueeze(0)
+            input_ids = input_ids.reshape(-1).index_select(0, rows).unsqueeze(0)
+        x = self.model.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
+        cos_sin = self.model.rotary.cos_sin(meta.positions)  # per packed token on the triton path, else [B, Q]
         narrow = pick if pick is not None and meta.backend == "torch" and pick.shape[1] < input_ids.shape[1] else None
         last = len(self.model.layers) - 1
         for i, (layer, kv) in enumerate(zip(self.model.layers, kv_caches, strict=True)):

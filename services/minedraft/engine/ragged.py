@@ -3,9 +3,10 @@
 With TETRIS (engine/tetris.py) row b of a verify checks 1 + lengths[b] tokens, not k + 1. In the
 padded [B, Q] layout the projections and MLPs would still run on B x Q rows, so verifying fewer
 tokens would save nothing (and drafting k + extra would make it dearer). Here every linear layer
-and MLP runs on the valid tokens alone, packed [1, N, hidden]; only each layer's attention sees the
-[B, Q] layout, through a scatter of its qkv projection and a gather of its output (model.py's
-`rows`), so the attention kernels and their metadata are unchanged.
+and MLP runs on the valid tokens alone, packed [1, N, hidden]. On CUDA the attention kernel reads them in
+place too, each row's queries from its offset (engine/attention.py's `packed_metadata`); the torch path
+scatters each layer's qkv projection into the [B, Q] layout and gathers its output back (model.py's
+`rows`), so its attention and metadata are the padded ones.
 
 On CUDA these steps replay graphs (engine/ragged_graphs.py): TETRIS verifies at most k x batch drafts,
 so a batch's packed token count is at most batch x (k + 1) whatever the split, and one graph per (batch

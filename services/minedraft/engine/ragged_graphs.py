@@ -7,9 +7,10 @@ fed and drafted counts, from which the graph itself derives the packed tokens' p
 slots), not in shapes. A graph is keyed by (bucket, layout width Q, logits width, packed tokens T), with
 T a grain of half a token per row apart; a step with fewer tokens (a batch below its bucket, drafts a
 floor pruned) pads them with dummy tokens. The attention layout gets one row past the bucket that never
-has a valid query (a sink): the dummies scatter into its first slot, write no KV (its query length is 0,
-as for every row past the batch) and their outputs are never picked. One sink row costs one more row
-of attention; a never-valid slot in every row (a Q one wider) would cost the whole batch a column.
+has a valid query (a sink): the dummies belong to its first slot, write no KV (its query length is 0,
+as for every row past the batch), are attended by no row and their outputs are never picked. One sink
+row costs one more row of attention; a never-valid slot in every row (a Q one wider) would cost the whole
+batch a column.
 
 Because the split is derived on the device, the drafts' counts never need to reach the host before the
 verify: a drafter that selects on the device (engine/tetris_propose.py with a capacity) hands its counts
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from minedraft.engine.attention import build_metadata
+from minedraft.engine.attention import build_metadata, packed_metadata
 from minedraft.engine.cuda_graphs import BATCH_BUCKETS, MAX_GRAPH_WIDTH, GraphCache
 from minedraft.engine.kv_cache import KVCache
 from minedraft.engine.layers import linear
@@ -119,8 +120,12 @@ class PackedStep:
         cache, model = self.cache, self.model
         starts, fed, drafts, tables = layout.split(meta)
         query_lens, rows, picked = layout.indices(fed, drafts)
-        metadata = build_metadata(starts, query_lens, ids.shape[1], tables, cache.block_size,
-                                  model.config.sliding_window, self.backend)
+        window = model.config.sliding_window
+        if self.backend == "triton":  # the attention reads the packed tokens in place
+            metadata = packed_metadata(starts, query_lens, rows, ids.shape[1], tables, cache.block_size, window)
+        else:
+            metadata = build_metadata(starts, query_lens, ids.shape[1], tables, cache.block_size, window,
+                                      self.backend)
         hidden = model(ids, metadata, cache.layers, packed=(rows, picked))
         if out is None:
             return model.logits(hidden)

@@ -14,16 +14,17 @@ def select(proposal: Proposal, budget: int, min_prob: float = 0.0, capacity: int
     below `min_prob` (engine/tetris.py's score as a probability).
 
     Without `capacity` each row's length is read back here, once per draft step, for a verifier that lays
-    out its packed forward on its host (the data plane carries them as the -1s). With one, at most `capacity`
-    slots are kept and the counts stay on the device (`Proposal.counts`, with the count the budget alone would
-    have kept, `wanted`), so the verify can be queued behind the draft (engine/tetris_capacity.py)."""
+    out its packed forward on its host (the data plane carries them as the -1s). With one, the `capacity` best
+    slots are kept (the floor set the capacity, engine/tetris_capacity.py, and a verify of that size costs the
+    same whatever fills it) and the counts stay on the device (`Proposal.counts`, with the count the floor and
+    the budget would have kept, `wanted`), so the verify can be queued behind the draft."""
     assert proposal.scores is not None, "the drafter was not scoring"
     min_logp = math.log(min_prob) if min_prob > 0 else -math.inf
     if capacity is None:
         lengths = select_lengths(proposal.scores, budget, min_logp)
         return replace(proposal, tokens=prune(proposal.tokens, lengths), scores=None, lengths=lengths.tolist())
     kept = min(budget, capacity)
-    counts = select_lengths(proposal.scores, kept, min_logp)
+    counts = select_lengths(proposal.scores, kept)
     return replace(proposal, tokens=prune(proposal.tokens, counts), scores=None, counts=counts,
                    wanted=wanted_drafts(proposal.scores, budget, min_logp), capacity=kept)
 

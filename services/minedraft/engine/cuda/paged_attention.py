@@ -28,6 +28,11 @@ NUM_SPLITS chunks ("flash-decoding"): each split writes a normalized partial out
 log-sum-exp into a workspace and a second small kernel merges them. NUM_SPLITS is chosen
 from static shapes only (batch, heads, block-table width, SM count), never from data.
 
+Packed queries (a TETRIS verify, engine/ragged.py): q is [1, N, H, D], the rows' valid tokens
+one after the other, row b's from q_offsets[b]; the grid is the same as for the [B, Q] layout
+with Q the widest row, and only valid tokens are read and written (the output's other tokens,
+a packed step's dummies, are left as they were).
+
 Padding query tokens (j >= query_lens[b]) are written as zeros; rows with query_lens 0
 read nothing. Only keys at positions < start + query_len of a row are ever loaded, so stale
 or uninitialised cache slots beyond a sequence's length cannot leak in (not even as NaN).
@@ -61,6 +66,7 @@ def _paged_attention_kernel(
     block_tables_ptr,
     starts_ptr,
     query_lens_ptr,
+    q_offsets_ptr,
     scale_log2,
     window,
     max_blocks,
@@ -92,6 +98,7 @@ def _paged_attention_kernel(
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    PACKED: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -111,9 +118,17 @@ def _paged_attention_kernel(
     pos = start + tok
 
     offs_d = tl.arange(0, HEAD_DIM)
+    if PACKED:  # row b's queries are tokens q_offsets[b] .. + qlen of q [1, N, H, D]
+        first = tl.load(q_offsets_ptr + b).to(tl.int64)
+        q_row = q_ptr + first * stride_qt
+        o_row = out_ptr + first * stride_ot
+        row_out = row_valid  # the tokens past qlen are the next row's
+    else:
+        q_row = q_ptr + b.to(tl.int64) * stride_qb
+        o_row = out_ptr + b.to(tl.int64) * stride_ob
+        row_out = row_in  # padding tokens are written as zeros
     q_ptrs = (
-        q_ptr
-        + b.to(tl.int64) * stride_qb
+        q_row
         + tok[:, None] * stride_qt
         + head[:, None] * stride_qh
         + offs_d[None, :] * stride_qd
@@ -200,14 +215,8 @@ def _paged_attention_kernel(
         lse = tl.where(has_keys, m_i + tl.math.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + row, lse, mask=row_in)
     else:
-        o_ptrs = (
-            out_ptr
-            + b.to(tl.int64) * stride_ob
-            + tok[:, None] * stride_ot
-            + head[:, None] * stride_oh
-            + offs_d[None, :] * stride_od
-        )
-        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_in[:, None])
+        o_ptrs = o_row + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_out[:, None])
 
 
 @triton.jit
@@ -215,6 +224,8 @@ def _merge_splits_kernel(
     part_out_ptr,
     part_lse_ptr,
     out_ptr,
+    query_lens_ptr,
+    q_offsets_ptr,
     num_rows,
     num_q,
     num_heads,
@@ -225,6 +236,7 @@ def _merge_splits_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLITS_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    PACKED: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)  # (b * Q + tok) * H + head
     head = row % num_heads
@@ -244,8 +256,13 @@ def _merge_splits_kernel(
         other=0.0,
     )
     o = tl.sum(parts * w[:, None], 0) / tl.where(denom > 0.0, denom, 1.0)
-    o_ptrs = out_ptr + b * stride_ob + tok * stride_ot + head * stride_oh + offs_d * stride_od
-    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty))
+    if PACKED:  # only real queries have a place in the packed output
+        keep = (offs_d < HEAD_DIM) & (tok < tl.load(query_lens_ptr + b))
+        o_ptrs = out_ptr + (tl.load(q_offsets_ptr + b) + tok) * stride_ot + head * stride_oh + offs_d * stride_od
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=keep)
+    else:
+        o_ptrs = out_ptr + b * stride_ob + tok * stride_ot + head * stride_oh + offs_d * stride_od
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -345,8 +362,13 @@ def paged_attention_triton(
     *,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    q_offsets: torch.Tensor | None = None,
+    width: int = 0,
 ) -> torch.Tensor:
     """Causal attention of q [B, Q, H, D] over the paged cache -> [B, Q, H, D].
+
+    With `q_offsets` [B] q is packed, [1, N, H, D]: row b's query j is token q_offsets[b] + j, for
+    j < query_lens[b] <= `width`, and the output is packed the same way.
 
     Query token j of row b sits at position starts[b] + j and is valid when
     j < query_lens[b]; it attends keys 0..pos (and only those with key_pos > pos - window
@@ -355,7 +377,13 @@ def paged_attention_triton(
     come back as zeros. `out` may be given (any strides) to write into; `num_splits`
     overrides the static key-split heuristic. No host synchronisation happens here.
     """
-    batch, width, heads, dim = q.shape
+    packed = q_offsets is not None
+    if packed:
+        if q.shape[0] != 1 or width <= 0:
+            raise ValueError("packed queries are [1, N, H, D] with the widest row's `width` given")
+        batch, heads, dim = query_lens.shape[0], q.shape[2], q.shape[3]
+    else:
+        batch, width, heads, dim = q.shape
     _, block_size, kv_heads, kdim = k_cache.shape
     if kdim != dim or v_cache.shape != k_cache.shape:
         raise ValueError("k_cache/v_cache must be [num_blocks, block_size, Hkv, D] matching q's head_dim")
@@ -367,7 +395,7 @@ def paged_attention_triton(
         raise ValueError(f"head_dim {dim} must be a power of two >= 16")
     if out is None:
         out = torch.empty_like(q)
-    if batch == 0 or width == 0:
+    if batch == 0 or width == 0 or q.shape[1] == 0:
         return out
     group = heads // kv_heads
     rows = width * group
@@ -382,6 +410,7 @@ def paged_attention_triton(
 
     starts = starts.to(device=q.device)
     query_lens = query_lens.to(device=q.device)
+    q_offsets = query_lens if q_offsets is None else q_offsets.to(device=q.device)  # unread unless packed
     if num_splits > 1:
         part_out = torch.empty((num_splits, batch, width, heads, dim), device=q.device, dtype=torch.float32)
         part_lse = torch.empty((num_splits, batch, width, heads), device=q.device, dtype=torch.float32)
@@ -399,6 +428,7 @@ def paged_attention_triton(
         block_tables,
         starts,
         query_lens,
+        q_offsets,
         scale * math.log2(math.e),
         int(sliding_window) if use_window else 0,
         max_blocks,
@@ -418,6 +448,7 @@ def paged_attention_triton(
         USE_WINDOW=use_window,
         DOT_PRECISION=precision,
         UPCAST_DOT=_INTERPRET and q.dtype != torch.float32,
+        PACKED=packed,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -427,6 +458,8 @@ def paged_attention_triton(
             part_out,
             part_lse,
             out,
+            query_lens,
+            q_offsets,
             num_rows,
             width,
             heads,
@@ -434,6 +467,7 @@ def paged_attention_triton(
             NUM_SPLITS=num_splits,
             SPLITS_P2=triton.next_power_of_2(num_splits),
             HEAD_DIM=dim,
+            PACKED=packed,
             num_warps=1 if dim <= 64 else 2,
         )
     return out
