@@ -202,12 +202,12 @@ def test_the_layout_scatters_dummies_into_the_sink_and_picks_each_rows_slots() -
     assert starts.tolist() == [10, 20, 0, 0, 0] and fed.tolist() == [1, 1, 0, 0, 0]
     assert drafts.tolist() == [2, 0, 0, 0, 0]
     assert (view[layout.heads :] == -9).all()  # nothing written past the heads
-    lens, rows, picked = layout.indices(fed, drafts)
-    assert lens.tolist() == [3, 1, 0, 0, 0]
+    lens, offsets, rows, picked = layout.indices(fed, drafts)
+    assert lens.tolist() == [3, 1, 0, 0, 0] and offsets.tolist() == [0, 3, 4, 4, 4]
     assert rows.tolist() == [0, 1, 2, 3, 12, 12, 12, 12]  # row 1's token at [1, 0]; dummies at the sink's [4, 0]
     assert picked.tolist() == [[0, 1, 2], [3, 3, 3], [0, 0, 0], [0, 0, 0]]
     # a row that feeds two committed tokens before its drafts (a prompt's last part): its slots start after them
-    lens, rows, picked = layout.indices(torch.tensor([2, 1, 0, 0, 0]), torch.tensor([1, 1, 0, 0, 0]))
+    lens, _, rows, picked = layout.indices(torch.tensor([2, 1, 0, 0, 0]), torch.tensor([1, 1, 0, 0, 0]))
     assert lens.tolist() == [3, 2, 0, 0, 0] and rows.tolist() == [0, 1, 2, 3, 4, 12, 12, 12]
     assert picked.tolist() == [[1, 2, 2], [3, 4, 4], [0, 0, 0], [0, 0, 0]]
     layout.write(view, starts=[10, 20], fed=[1, 1], drafts=None)  # the counts come from the device

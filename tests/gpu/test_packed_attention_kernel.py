@@ -27,7 +27,7 @@ def test_packed_metadata_matches_padded_at_each_tokens_place() -> None:
     lens = torch.tensor(query_lens)
     padded = build_metadata(starts, lens, width, table, BLOCK_SIZE, backend="triton")
     rows = _rows(query_lens, width, dummies=3)
-    packed = packed_metadata(starts, lens, rows, width, table, BLOCK_SIZE)
+    packed = packed_metadata(starts, lens, torch.cumsum(lens, 0) - lens, rows, width, table, BLOCK_SIZE)
     real = sum(query_lens)
     assert torch.equal(packed.positions[0, :real], padded.positions.reshape(-1)[rows[:real]])
     assert torch.equal(packed.slot_mapping[0, :real], padded.slot_mapping.reshape(-1)[rows[:real]])

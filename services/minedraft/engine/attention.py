@@ -71,23 +71,23 @@ def build_metadata(
 def packed_metadata(
     starts: torch.Tensor,
     query_lens: torch.Tensor,
+    offsets: torch.Tensor,
     rows: torch.Tensor,
     width: int,
     block_tables: torch.Tensor,
     block_size: int,
     sliding_window: int | None = None,
 ) -> AttentionMetadata:
-    """The triton path's metadata for packed tokens (engine/ragged.py): token t is query rows[t] % width of
-    row rows[t] // width of the [B, width] layout; one that is no row's valid query (a dummy) writes no KV.
-    Positions and slots are per token, [1, N], and the attention reads q packed from each row's offset, so
-    the layers never scatter their tokens into the [B, width] layout. No host synchronisation."""
+    """The triton path's metadata for packed tokens (engine/ragged.py): row b's tokens start at offsets[b], and token t
+    is query rows[t] % width of row rows[t] // width of the [B, width] layout; one that is no row's valid query (a
+    dummy) writes no KV. Positions and slots are per token, [1, N], and the attention reads q packed from each row's
+    offset, so the layers never scatter their tokens into the [B, width] layout. No host synchronisation."""
     row, within = rows // width, rows % width
     valid = within < query_lens[row]
     positions = torch.where(valid, starts[row] + within, 0)
     column = (positions // block_size).clamp(max=block_tables.shape[1] - 1)
     blocks = block_tables.reshape(-1)[row * block_tables.shape[1] + column]
     slots = torch.where(valid, blocks * block_size + positions % block_size, -1)
-    offsets = torch.cumsum(query_lens, 0) - query_lens
     return AttentionMetadata(positions.unsqueeze(0), slots.unsqueeze(0), block_tables, starts, query_lens,
                              sliding_window, "triton", q_offsets=offsets, packed_width=width)
 

@@ -84,12 +84,14 @@ class PackedLayout:
         if drafts is not None:
             view[2 * r : 2 * r + batch] = drafts
 
-    def indices(self, fed: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Query lengths [rows], each packed token's flat index in the [rows, q] layout [tokens] and the packed
-        token each logits slot reads [batch, width], from fed and drafts [rows] on the device (no host sync, so
-        a graph captures it). Row b's tokens are packed one after the other; the tokens past the last row's (the
-        dummies) scatter into the sink (the last layout row, whose query length must then be 0); slot j of row b
-        picks its token after its first min(j, drafts[b]) drafts, and a row that feeds nothing picks token 0."""
+    def indices(self, fed: torch.Tensor, drafts: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Query lengths [rows], each row's first packed token [rows], each packed token's flat index in the [rows, q]
+        layout [tokens] and the packed token each logits slot reads [batch, width], from fed and drafts [rows] on
+        the device (no host sync, so a graph captures it). Row b's tokens are packed one after the other; the tokens
+        past the last row's (the dummies) scatter into the sink (the last layout row, whose query length must then
+        be 0); slot j of row b picks its token after its first min(j, drafts[b]) drafts, and a row that feeds
+        nothing picks token 0."""
         query_lens = fed + drafts
         ends = torch.cumsum(query_lens, 0)
         offsets = ends - query_lens
@@ -101,7 +103,7 @@ class PackedLayout:
         b = self.batch
         first = offsets[:b] + fed[:b] - 1  # each row's last committed token
         picked = first.unsqueeze(1) + torch.minimum(slot, drafts[:b].unsqueeze(1))
-        return query_lens, rows, torch.where(query_lens[:b].unsqueeze(1) > 0, picked, torch.zeros_like(picked))
+        return query_lens, offsets, rows, torch.where(query_lens[:b].unsqueeze(1) > 0, picked, torch.zeros_like(picked))
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +121,11 @@ class PackedStep:
         given (cast there, with no float32 copy first)."""
         cache, model = self.cache, self.model
         starts, fed, drafts, tables = layout.split(meta)
-        query_lens, rows, picked = layout.indices(fed, drafts)
+        query_lens, offsets, rows, picked = layout.indices(fed, drafts)
         window = model.config.sliding_window
         if self.backend == "triton":  # the attention reads the packed tokens in place
-            metadata = packed_metadata(starts, query_lens, rows, ids.shape[1], tables, cache.block_size, window)
+            metadata = packed_metadata(starts, query_lens, offsets, rows, ids.shape[1], tables, cache.block_size,
+                                       window)
         else:
             metadata = build_metadata(starts, query_lens, ids.shape[1], tables, cache.block_size, window,
                                       self.backend)
