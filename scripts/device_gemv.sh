@@ -4,7 +4,7 @@
 # deadline (DEADLINE seconds, default 480). Usage from the repository root (carry `.whl` and
 # `services/minedraft/proto`):  bash scripts/device_gemv.sh OUTDIR
 # CELLS and FP8_CELLS choose the timeline's cells (mode:batch[:k], comma separated); CONFIGS the GEMV
-# configurations the probe times per projection.
+# configurations the probe times per projection, PROBE_ARGS more flags of the probe.
 set -uo pipefail
 OUTDIR="${1:?usage: scripts/device_gemv.sh OUTDIR}"
 mkdir -p "$OUTDIR"
@@ -23,7 +23,7 @@ say "gpu tests exit $?"; tail -3 "$OUTDIR/gpu_tests.txt" | tee -a "$OUTDIR/gemv.
 T=$(( $(left) - 170 )); (( T > 220 )) && T=220
 say "gemv probe: ${T}s"
 timeout "$T" python3 -m minedraft.bench.gpu.gemv_probe "$OUTDIR/gemv_probe.json" --configs "${CONFIGS:-6}" \
-  > "$OUTDIR/gemv_probe.log" 2>&1
+  ${PROBE_ARGS:-} > "$OUTDIR/gemv_probe.log" 2>&1
 say "gemv probe exit $?"; grep -vE "^\s*$" "$OUTDIR/gemv_probe.log" | tail -20
 
 T=$(( $(left) - 10 ))

@@ -39,6 +39,7 @@ def test_innermost_phase_wins() -> None:
     assert index.at(55) == "input copies"
     assert index.at(70) == "other"
     assert index.at(150) is None
+    assert index.stack(25) == ["other", "commit", "block tables"]
 
 
 def test_gaps_split_and_charged_to_the_host_phase() -> None:
@@ -57,6 +58,8 @@ def test_gaps_split_and_charged_to_the_host_phase() -> None:
     assert t.short_gaps_us == pytest.approx(4 / 2) and t.short_gaps == pytest.approx(1.0)
     assert t.long_gaps_us == pytest.approx(30 / 2)
     assert t.waited_on == {"input copies": pytest.approx(10.0), "commit": pytest.approx(5.0)}
+    assert t.long_gaps == pytest.approx(0.5)
+    assert t.largest == [(30, "other > input copies")]  # the phases open at the gap's middle, outermost first
 
 
 def test_gap_with_no_host_range_is_unnamed() -> None:

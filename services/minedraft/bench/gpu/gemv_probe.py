@@ -35,14 +35,16 @@ ROTATE_BYTES = 256 << 20
 
 
 def alternatives(n: int, k: int, sms: int) -> list[tuple[int, int, int, int, int]]:
+    """The default plan first, then tiles of 32-128 rows and 128-256 columns with K splits that keep
+    between one and eight programs per multiprocessor."""
     base = plan(n, k, sms)
-    blocks = k // 128
     out = {base}
-    for block_n in (64, 128):
-        tiles = -(-n // block_n)
-        for split in (s for s in (1, 2, 4, 7, 8, 14, 16) if blocks % s == 0 and tiles * s <= 8 * sms):
-            for warps, stages in ((4, 3), (4, 5), (8, 4)):
-                out.add((block_n, 128, split, warps, stages))
+    for block_k in (128, 256):
+        blocks = -(-k // block_k)
+        for block_n in (32, 64, 128):
+            tiles = -(-n // block_n)
+            for split in (s for s in range(1, 17) if blocks % s == 0 and sms <= tiles * s <= 8 * sms):
+                out.add((block_n, block_k, split, 4, 3 if block_n * block_k >= 128 * 256 else 4))
     return sorted(out, key=lambda c: (c != base, c))
 
 

@@ -61,6 +61,8 @@ class Timeline:
     long_gaps_us: float = 0.0
     waited_on: dict[str, float] = field(default_factory=dict)  # host phase -> us of long gaps per step
     top_other: list[tuple[str, float]] = field(default_factory=list)
+    long_gaps: float = 0.0  # how many per step
+    largest: list[tuple[float, str]] = field(default_factory=list)  # the longest gaps: us, the host's phases then
 
     def as_dict(self) -> dict:
         ms = 1000.0
@@ -69,7 +71,8 @@ class Timeline:
                 "by_kind_count": self.by_kind_count, "short_gaps_ms": self.short_gaps_us / ms,
                 "short_gaps": self.short_gaps, "long_gaps_ms": self.long_gaps_us / ms,
                 "waited_on_ms": {k: v / ms for k, v in self.waited_on.items()},
-                "top_other_ms": [(n, v / ms) for n, v in self.top_other]}
+                "top_other_ms": [(n, v / ms) for n, v in self.top_other], "long_gaps": self.long_gaps,
+                "largest_gaps_us": self.largest}
 
 
 def merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -88,6 +91,10 @@ class PhaseIndex:
     def __init__(self, ranges: list[tuple[float, float, str]]) -> None:
         self.ranges = sorted(ranges)
         self.starts = [r[0] for r in self.ranges]
+
+    def stack(self, t: float) -> list[str]:
+        """Every phase open at t, outermost first."""
+        return [name for start, end, name in self.ranges[: bisect.bisect_right(self.starts, t)] if end > t]
 
     def at(self, t: float) -> str | None:
         for i in range(bisect.bisect_right(self.starts, t) - 1, -1, -1):
@@ -124,6 +131,7 @@ def summarize(events: list[dict], steps: int, step_us: float = 1.0) -> Timeline:
     timeline.by_kind_us, timeline.by_kind_count = dict(time_by), dict(count_by)
     timeline.top_other = sorted(other.items(), key=lambda kv: -kv[1])[:5]
     waited: dict[str, float] = defaultdict(float)
+    gaps: list[tuple[float, str]] = []
     for (_, end), (start, _) in itertools.pairwise(spans):
         gap = start - end
         if gap < SHORT_GAP_US:
@@ -131,10 +139,13 @@ def summarize(events: list[dict], steps: int, step_us: float = 1.0) -> Timeline:
             timeline.short_gaps += 1 / steps
             continue
         timeline.long_gaps_us += gap / steps
+        timeline.long_gaps += 1 / steps
+        gaps.append((gap, " > ".join(phases.stack(end + gap / 2)) or "unnamed"))
         t = end
         while t < start:
             width = min(step_us, start - t)
             waited[phases.at(t + width / 2) or "unnamed"] += width / steps
             t += width
+    timeline.largest = sorted(gaps, reverse=True)[:8]
     timeline.waited_on = dict(sorted(waited.items(), key=lambda kv: -kv[1]))
     return timeline

@@ -125,6 +125,10 @@ def report_lines(rows: list[dict]) -> list[str]:
     for r in rows:
         lines.append(f"| {r['weights']} | {r['mode']} | {r['batch']} | {r['k']} | {r['long_gaps_ms']:.3f} | "
                      + " | ".join(f"{r['waited_on_ms'].get(p, 0):.3f}" for p in phases) + " |")
+    lines += ["", "Longest gaps (us, the host phases open at the gap's middle):", ""]
+    for r in rows:
+        gaps = "; ".join(f"{us:.0f} {where}" for us, where in r["largest_gaps_us"][:5])
+        lines.append(f"- {r['weights']} {r['mode']} b={r['batch']} k={r['k']} ({r['long_gaps']:.1f} per step): {gaps}")
     return lines
 
 

@@ -61,7 +61,7 @@ def _load_input(x_ptr, res_ptr, nw_ptr, offs_t, k, t_mask, k_mask, K, stride_x, 
 @triton.jit(do_not_specialize=["M", "kb_per_prog"])
 def _gemv_kernel(
     x_ptr, res_ptr, res_out_ptr, nw_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, count_ptr,
-    M, N, K, stride_x, eps, kb_per_prog,
+    M, N, stride_x, eps, kb_per_prog, K: tl.constexpr,
     PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, NORM_BLOCK: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -75,7 +75,7 @@ def _gemv_kernel(
     if PROLOGUE == 1:  # the row's inverse RMS over all of K (and, once, the new residual stream)
         sq = tl.zeros((BLOCK_T,), tl.float32)
         writer = (pid_n == 0) & (pid_s == 0)
-        for k0 in range(0, K, NORM_BLOCK):
+        for k0 in tl.static_range(0, K, NORM_BLOCK):  # unrolled: the row's loads all in flight at once
             c = k0 + tl.arange(0, NORM_BLOCK)
             mask = t_mask[:, None] & (c < K)[None, :]
             x = tl.load(x_ptr + offs_t[:, None].to(tl.int64) * stride_x + c[None, :], mask=mask, other=0.0)
@@ -98,6 +98,8 @@ def _gemv_kernel(
         x = _load_input(x_ptr, res_ptr, nw_ptr, offs_t, k, t_mask, k_mask, K, stride_x, inv, PROLOGUE, HAS_RES)
         if UPCAST:  # the interpreter multiplies in float32 (the same products, exactly)
             acc += tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)))
+        elif w.dtype == tl.float32:  # float32 weights: full-precision products, not TF32
+            acc += tl.dot(w, tl.trans(x.to(w.dtype)), input_precision="ieee")
         else:
             acc += tl.dot(w, tl.trans(x.to(w.dtype)))
     tile_mask = n_mask[:, None] & t_mask[None, :]
@@ -178,7 +180,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         x2, res_in, res_out if res_out is not None and residual is not None else out,
         norm[0] if norm is not None else weight, weight, bias if bias is not None else out, out, part,
         counts if counts is not None else out,
-        m, n, k, x2.stride(0), norm[1] if norm is not None else 0.0, triton.cdiv(k, block_k) // split,
+        m, n, x2.stride(0), norm[1] if norm is not None else 0.0, triton.cdiv(k, block_k) // split, k,
         PROLOGUE=prologue, HAS_RES=residual is not None, HAS_BIAS=bias is not None, SPLIT=split,
         BLOCK_N=block_n, BLOCK_T=16, BLOCK_K=block_k, NORM_BLOCK=min(NORM_CHUNK, triton.next_power_of_2(k)),
         UPCAST=_INTERPRET,
