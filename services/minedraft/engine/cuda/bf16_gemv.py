@@ -78,13 +78,13 @@ def _gemv_kernel(
         for k0 in tl.static_range(0, K, NORM_BLOCK):  # unrolled: the row's loads all in flight at once
             c = k0 + tl.arange(0, NORM_BLOCK)
             mask = t_mask[:, None] & (c < K)[None, :]
-            x = tl.load(x_ptr + offs_t[:, None].to(tl.int64) * stride_x + c[None, :], mask=mask, other=0.0)
+            xn = tl.load(x_ptr + offs_t[:, None].to(tl.int64) * stride_x + c[None, :], mask=mask, other=0.0)
             if HAS_RES:
                 r = tl.load(res_ptr + offs_t[:, None].to(tl.int64) * K + c[None, :], mask=mask, other=0.0)
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+                xn = (xn.to(tl.float32) + r.to(tl.float32)).to(xn.dtype)
                 if writer:
-                    tl.store(res_out_ptr + offs_t[:, None].to(tl.int64) * K + c[None, :], x, mask=mask)
-            h = x.to(tl.float32)
+                    tl.store(res_out_ptr + offs_t[:, None].to(tl.int64) * K + c[None, :], xn, mask=mask)
+            h = xn.to(tl.float32)
             sq += tl.sum(h * h, 1)
         inv = tl.math.rsqrt(sq / K + eps)
     offs_k = tl.arange(0, BLOCK_K)

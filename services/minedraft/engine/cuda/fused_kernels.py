@@ -70,10 +70,11 @@ def _rope_store_kernel(
     stride_row, stride_cos,
     stride_kcb, stride_kcs, stride_kch,
     stride_vcb, stride_vcs, stride_vch,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEADS_P2: tl.constexpr, KV_P2: tl.constexpr,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)  # this program's kv head and the GROUP query heads that share it
     half: tl.constexpr = HEAD_DIM // 2
     d = tl.arange(0, HEAD_DIM)
     partner = tl.where(d < half, d + half, d - half)
@@ -83,8 +84,8 @@ def _rope_store_kernel(
     c = tl.load(cos_ptr + t * stride_cos + d).to(dtype).to(tl.float32)
     s = tl.load(sin_ptr + t * stride_cos + d).to(dtype).to(tl.float32)
 
-    hq = tl.arange(0, HEADS_P2)
-    qmask = hq[:, None] < NUM_HEADS
+    hq = kvh * GROUP + tl.arange(0, GROUP_P2)
+    qmask = hq[:, None] < (kvh + 1) * GROUP
     q = tl.load(row + hq[:, None] * HEAD_DIM + d[None, :], mask=qmask, other=0.0).to(tl.float32)
     q_rot = tl.load(row + hq[:, None] * HEAD_DIM + partner[None, :], mask=qmask, other=0.0).to(tl.float32)
     q_rot = q_rot * sign[None, :]
@@ -96,7 +97,7 @@ def _rope_store_kernel(
     slot = tl.maximum(slot, 0)
     blk = slot // BLOCK_SIZE
     within = slot % BLOCK_SIZE
-    hk = tl.arange(0, KV_P2)
+    hk = kvh + tl.arange(0, 1)
     kmask = (hk[:, None] < NUM_KV_HEADS) & keep
     k_base = row + NUM_HEADS * HEAD_DIM
     k = tl.load(k_base + hk[:, None] * HEAD_DIM + d[None, :], mask=kmask, other=0.0).to(tl.float32)
@@ -134,14 +135,14 @@ def rope_store_triton(
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("the KV cache's head dimension must be contiguous")
     if tokens:
-        _rope_store_kernel[(tokens,)](
+        _rope_store_kernel[(tokens, num_kv_heads)](
             flat, cos2.contiguous(), sin2.contiguous(), slot_mapping.reshape(-1).contiguous(), q_out, k_cache, v_cache,
             flat.stride(0), head_dim,
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEADS_P2=triton.next_power_of_2(num_heads),
-            KV_P2=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1],
-            num_warps=4,
+            NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=num_heads // num_kv_heads,
+            GROUP_P2=triton.next_power_of_2(num_heads // num_kv_heads), HEAD_DIM=head_dim,
+            BLOCK_SIZE=k_cache.shape[1], num_warps=1 if num_heads // num_kv_heads * head_dim <= 512 else 2,
         )
     return q_out
 
