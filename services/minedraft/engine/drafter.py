@@ -50,8 +50,9 @@ class Drafter(SequenceHost):
             self.runner.truncate(st.seq_id, st.cached)
         lengths = self.runner.to_device(torch.tensor([st.length for st in states], dtype=torch.long))
         feed = [st.uncached() for st in states]
-        logits = self.runner.forward(seq_ids, feed, [st.cached for st in states], last_n=1)
-        proposal = self.draft_from(seq_ids, logits, lengths, k, [st.length + k - 1 for st in states])
+        reserve = [st.length + k - 1 for st in states]  # every feed's blocks at once: one table update
+        logits = self.runner.forward(seq_ids, feed, [st.cached for st in states], last_n=1, reserve=reserve)
+        proposal = self.draft_from(seq_ids, logits, lengths, k, reserve)
         for st in states:
             st.cached = st.length + k - 1
             self.prefix.publish(st)  # its committed tokens' KV is in: siblings may start from it

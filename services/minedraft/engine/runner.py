@@ -95,16 +95,21 @@ class ModelRunner:
             captured += self.packed_graphs.capture_ahead(selection_keys(top, k, *selection))
         return captured
 
-    def forward(self, seq_ids: list[int], tokens: list[list[int]], starts: list[int], last_n: int) -> torch.Tensor:
+    def forward(self, seq_ids: list[int], tokens: list[list[int]], starts: list[int], last_n: int,
+                reserve: list[int] | None = None) -> torch.Tensor:
         """Feed tokens[b] at positions starts[b].. and return logits [B, last_n, V].
 
         Row b's logits are those of its last `last_n` fed tokens; rows that fed fewer
-        repeat their first position (callers never read those).
+        repeat their first position (callers never read those). `reserve[b]` (at least row b's
+        last position + 1) has the KV blocks of the forwards to come made now, as a drafter's
+        k feeds need: their forwards then find the tables ready and unchanged.
         """
         lens = [len(t) for t in tokens]
         width = max(lens)
         ids = torch.tensor([t + [0] * (width - len(t)) for t in tokens], dtype=torch.long)
-        return self.forward_ids(seq_ids, self.to_device(ids), starts, lens, last_n)
+        if reserve is None:
+            return self.forward_ids(seq_ids, self.to_device(ids), starts, lens, last_n)
+        return self.forward_on_device(seq_ids, self.to_device(ids), starts, lens, reserve, last_n)
 
     def to_device(self, host: torch.Tensor) -> torch.Tensor:
         return to_device(host, self.device)
