@@ -72,19 +72,7 @@ class Attention(nn.Module):
         [1, N, hidden], the valid tokens of the [B, Q] layout at those flat indices: the projections
         run on them alone and only the attention sees the padded layout (on the torch path; the triton path's
         metadata has the attention read the packed tokens themselves, `packed_metadata`)."""
-        return self.attend(linear(x, self.qkv_weight, self.qkv_bias), cos_sin, kv, meta, pick, rows)
-
-    def attend(
-        self,
-        qkv: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
-        kv: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-        pick: torch.Tensor | None = None,
-        rows: torch.Tensor | None = None,
-        project: Callable[[torch.Tensor, Weight], torch.Tensor] = linear,
-    ) -> torch.Tensor:
-        """`forward` from the fused q/k/v projection on; `project` multiplies by o_proj."""
+        qkv = linear(x, self.qkv_weight, self.qkv_bias)
         scatter = rows is not None and meta.q_offsets is None
         if scatter:
             qkv = unpack_rows(qkv, rows, meta.positions.shape)
@@ -96,8 +84,7 @@ class Attention(nn.Module):
         out = out.reshape(*out.shape[:2], -1)
         if scatter:
             out = out.view(-1, out.shape[-1]).index_select(0, rows).unsqueeze(0)
-        assert self.o_weight is not None
-        return project(out, self.o_weight)
+        return linear(out, self.o_weight)
 
 
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -113,8 +100,6 @@ class DecoderLayer(nn.Module):
     The residual stream travels beside the layer's output so each norm can fold in the
     preceding residual add (one kernel on CUDA).
     """
-
-    decode_gemv = False  # decode-sized steps through engine/cuda/bf16_gemv.py (CausalLM.use_decode_gemv)
 
     def __init__(self, cfg: ModelConfig, reduce: Reduce = _identity) -> None:
         super().__init__()
@@ -137,42 +122,12 @@ class DecoderLayer(nn.Module):
         """x: the previous layer's (reduced) output, not yet added to `residual`. With `pick`, only those
         rows go on past the attention (see `CausalLM.forward`); with `rows`, x is packed (`Attention`)."""
         norm_in, norm_post = self.input_layernorm, self.post_attention_layernorm
-        if self.decode_gemv and meta.backend == "triton" and gemv_fits(x, self.self_attn.qkv_weight):
-            return self._forward_gemv(x, residual, cos_sin, kv, meta, rows)
         h, residual = add_rms_norm(x, residual, norm_in.weight, norm_in.eps, meta.backend)
         attn = self.reduce(self.self_attn(h, cos_sin, kv, meta, pick, rows))
         if pick is not None:
             residual = take_rows(residual, pick)
         h, residual = add_rms_norm(attn, residual, norm_post.weight, norm_post.eps, meta.backend)
         return self.reduce(self.mlp(h, meta.backend)), residual
-
-    def _forward_gemv(self, x: torch.Tensor, residual: torch.Tensor | None, cos_sin: tuple[torch.Tensor, torch.Tensor],
-                      kv: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, rows: torch.Tensor | None,
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same layer in four GEMV launches with the norms and the activation folded into them (on the
-        triton path nothing is picked inside a layer, so `pick` never reaches here)."""
-        from minedraft.engine.cuda.bf16_gemv import gemv
-
-        attn_mod, mlp = self.self_attn, self.mlp
-        norm_in, norm_post = self.input_layernorm, self.post_attention_layernorm
-        assert attn_mod.qkv_weight is not None and mlp.gate_up_weight is not None and mlp.down_weight is not None
-        qkv, residual = gemv(x, attn_mod.qkv_weight, attn_mod.qkv_bias, residual=residual,  # type: ignore[arg-type]
-                             norm=(norm_in.weight, norm_in.eps))
-        attn = self.reduce(attn_mod.attend(qkv, cos_sin, kv, meta, None, rows,
-                                           project=lambda out, w: gemv(out, w)[0]))  # type: ignore[arg-type]
-        gate_up, residual = gemv(attn, mlp.gate_up_weight, residual=residual,  # type: ignore[arg-type]
-                                 norm=(norm_post.weight, norm_post.eps))
-        assert residual is not None
-        return self.reduce(gemv(gate_up, mlp.down_weight, silu=True)[0]), residual  # type: ignore[arg-type]
-
-
-def gemv_fits(x: torch.Tensor, weight: Weight | None) -> bool:
-    """Whether a layer's step is decode-sized for the GEMV path: at most its token tile, half-precision dense
-    weights (FP8 weights have their own kernel; float32 would change the products' precision)."""
-    from minedraft.engine.cuda.bf16_gemv import MAX_M
-
-    return (isinstance(weight, torch.Tensor) and weight.dtype in (torch.bfloat16, torch.float16)
-            and x.numel() <= MAX_M * x.shape[-1])
 
 
 class DecoderBody(nn.Module):
@@ -263,12 +218,6 @@ class CausalLM(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
         self.head_weight = gemm_weight(self.lm_head.weight)
-        return self
-
-    def use_decode_gemv(self, on: bool) -> CausalLM:
-        """Route decode-sized steps (engine/cuda/bf16_gemv.py) on CUDA; graphs captured before keep their kernels."""
-        for layer in self.model.layers:
-            layer.decode_gemv = on
         return self
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

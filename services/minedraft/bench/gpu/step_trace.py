@@ -35,13 +35,6 @@ from minedraft.engine.verifier import Verifier
 DEFAULT_CELLS = "ar:1,ar:16,ar:64,verify:1:4,verify:16:4,verify:64:4,draft:1:4,draft:64:4,fused:1:4,fused:64:4"
 
 
-class NoCounts:
-    """What the attention finds inside a capture with no arrival counts made: it merges with the second kernel."""
-
-    def get(self, device: torch.device, tiles: int) -> None:
-        return None
-
-
 def parse_cells(text: str) -> list[Cell]:
     cells = []
     for item in filter(None, text.split(",")):
@@ -148,13 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--shape", default="llama3-8b", help="synthetic pair shape: llama3-8b | tiny")
-    p.add_argument("--merge-kernel", action="store_true",
-                   help="merge the attention's key splits in the second kernel (as before the fused merge)")
     args = p.parse_args(argv)
-    if args.merge_kernel:
-        from minedraft.engine.cuda import paged_attention
-
-        paged_attention.ARRIVAL_COUNTS = NoCounts()  # type: ignore[assignment]
     rows = run(parse_cells(args.cells), [w for w in args.weights.split(",") if w], args.steps, args.device, args.shape)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """What an FP8 GEMM launch (`fp8_gemm.py`) needs to know about its device, and the one piece of device
-state the split kernels keep: the per-tile arrival counts behind their fused sums and merges."""
+state it keeps: the per-tile arrival counts behind the fused chunk sums."""
 
 from __future__ import annotations
 
@@ -35,8 +35,7 @@ def tma_fits(weight: torch.Tensor) -> bool:
 class ArrivalCounts:
     """Per device, one int32 count per output tile for the fused chunk sums: zeroed once, outside any
     CUDA graph capture, and left at zero by every launch (its last program resets its tile's count).
-    The kernels that sum or merge split programs this way (FP8 GEMMs, the decode GEMV, the paged attention's
-    merge) run one at a time on a device (one stream), so one buffer serves them all."""
+    FP8 GEMMs of one device run one at a time (one stream), so one buffer serves them all."""
 
     SLOTS = 1 << 16
 

@@ -123,7 +123,9 @@ def rope_store_triton(
     head_dim: int,
 ) -> torch.Tensor:
     """Rotate q and k of a fused qkv [B, Q, (H + 2 Hkv) D] tensor, store k and v at their
-    slots (slot < 0: not stored) and return the rotated q [B, Q, H, D]."""
+    slots (slot < 0: not stored) and return the rotated q [B, Q, H, D]. One program per token and kv
+    head (its query heads with it): at batch 1 of the 8B shape, 2.0 us a layer against 2.9 us for one
+    program per token (H200, the step timeline)."""
     batch, width, _ = qkv.shape
     tokens = batch * width
     flat = qkv.reshape(tokens, -1)

@@ -25,12 +25,8 @@ lo = 0, or the first tile touching the sliding window. Softmax is the usual onli
 Grid: (M tiles = cdiv(Q * G, BLOCK_M), B * Hkv, NUM_SPLITS). When B * Hkv * M tiles is too
 small to fill the GPU (small-batch decode), the key range is additionally split into
 NUM_SPLITS chunks ("flash-decoding"): each split writes a normalized partial output plus its
-log-sum-exp into a workspace, and the last split of each (M tile, b, kv head) to finish merges
-them (a per-tile arrival count, the FP8 GEMM's fused-sum pattern, so no second launch: at batch 1
-of the 8B shape that kernel and its boundary were ~2.6 us of each layer). Inside a CUDA-graph
-capture that finds no counts yet, a second small kernel merges instead, the same arithmetic.
-NUM_SPLITS is chosen from static shapes only (batch, heads, block-table width, SM count), never
-from data.
+log-sum-exp into a workspace and a second small kernel merges them. NUM_SPLITS is chosen
+from static shapes only (batch, heads, block-table width, SM count), never from data.
 
 Packed queries (a TETRIS verify, engine/ragged.py): q is [1, N, H, D], the rows' valid tokens
 one after the other, row b's from q_offsets[b]; the grid is the same as for the [B, Q] layout
@@ -56,8 +52,6 @@ import torch
 import triton
 import triton.language as tl
 
-from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
-
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -73,7 +67,6 @@ def _paged_attention_kernel(
     starts_ptr,
     query_lens_ptr,
     q_offsets_ptr,
-    count_ptr,
     scale_log2,
     window,
     max_blocks,
@@ -106,7 +99,6 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     PACKED: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -222,33 +214,6 @@ def _paged_attention_kernel(
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_in[:, None])
         lse = tl.where(has_keys, m_i + tl.math.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + row, lse, mask=row_in)
-        if FUSED_MERGE:
-            # The last of this tile's splits to arrive merges all of them (every split's workspace rows
-            # are written before its count rises; release and acquire at GPU scope) and resets the count.
-            tl.debug_barrier()
-            count = count_ptr + tile * tl.num_programs(1) + bh
-            arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
-            if arrived == NUM_SPLITS - 1:
-                row0 = row - split * (tl.num_programs(1) // NUM_KV_HEADS).to(tl.int64) * num_q * num_heads
-                per_split = (tl.num_programs(1) // NUM_KV_HEADS).to(tl.int64) * num_q * num_heads
-                top = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-                for sp in tl.static_range(NUM_SPLITS):
-                    top = tl.maximum(top, tl.load(part_lse_ptr + row0 + sp * per_split, mask=row_in,
-                                                  other=float("-inf"), cache_modifier=".cg"))
-                top = tl.where(top == float("-inf"), 0.0, top)
-                denom = tl.zeros([BLOCK_M], dtype=tl.float32)
-                merged = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-                for sp in tl.static_range(NUM_SPLITS):
-                    w = tl.math.exp2(tl.load(part_lse_ptr + row0 + sp * per_split, mask=row_in,
-                                             other=float("-inf"), cache_modifier=".cg") - top)
-                    part = tl.load(part_out_ptr + (row0 + sp * per_split)[:, None] * HEAD_DIM + offs_d[None, :],
-                                   mask=row_in[:, None], other=0.0, cache_modifier=".cg")
-                    denom += w
-                    merged += part * w[:, None]
-                merged = merged / tl.where(denom > 0.0, denom, 1.0)[:, None]
-                o_ptrs = o_row + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
-                tl.store(o_ptrs, merged.to(out_ptr.dtype.element_ty), mask=row_out[:, None])
-                tl.store(count, 0)
     else:
         o_ptrs = o_row + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_out[:, None])
@@ -446,14 +411,13 @@ def paged_attention_triton(
     starts = starts.to(device=q.device)
     query_lens = query_lens.to(device=q.device)
     q_offsets = query_lens if q_offsets is None else q_offsets.to(device=q.device)  # unread unless packed
-    grid = (m_tiles, batch * kv_heads, num_splits)
-    counts = ARRIVAL_COUNTS.get(q.device, grid[0] * grid[1]) if num_splits > 1 else None
     if num_splits > 1:
         part_out = torch.empty((num_splits, batch, width, heads, dim), device=q.device, dtype=torch.float32)
         part_lse = torch.empty((num_splits, batch, width, heads), device=q.device, dtype=torch.float32)
     else:
         part_out = part_lse = out  # unused
 
+    grid = (m_tiles, batch * kv_heads, num_splits)
     _paged_attention_kernel[grid](
         q,
         k_cache,
@@ -465,7 +429,6 @@ def paged_attention_triton(
         starts,
         query_lens,
         q_offsets,
-        counts if counts is not None else query_lens,  # unread without the fused merge
         scale * math.log2(math.e),
         int(sliding_window) if use_window else 0,
         max_blocks,
@@ -486,11 +449,10 @@ def paged_attention_triton(
         DOT_PRECISION=precision,
         UPCAST_DOT=_INTERPRET and q.dtype != torch.float32,
         PACKED=packed,
-        FUSED_MERGE=counts is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    if num_splits > 1 and counts is None:
+    if num_splits > 1:
         num_rows = batch * width * heads
         _merge_splits_kernel[(num_rows,)](
             part_out,
