@@ -66,3 +66,18 @@ def test_gap_with_no_host_range_is_unnamed() -> None:
     t = summarize([kernel("a_gemm", 0, 5), kernel("a_gemm", 25, 5)], steps=1)
     assert t.waited_on == {"unnamed": pytest.approx(20.0)}
     assert summarize([], steps=3).wall_us == 0.0
+
+
+def test_cells_parse_and_the_report_names_every_kind_and_phase() -> None:
+    from minedraft.bench.gpu.step_trace import parse_cells, report_lines
+
+    cells = parse_cells("ar:1,verify:16:4,draft:64:6")
+    assert [(c.mode, c.batch, c.k) for c in cells] == [("ar", 1, 0), ("verify", 16, 4), ("draft", 64, 6)]
+    with pytest.raises(SystemExit, match="bad cell"):
+        parse_cells("verify:16")  # a verify without k
+    events = [kernel("nvjet_gemv", 0, 10), phase("commit", 10, 20), kernel("_paged_attention_kernel", 30, 5)]
+    row = {"weights": "bf16", "mode": "ar", "batch": 1, "k": 0, **summarize(events, steps=1).as_dict()}
+    text = "\n".join(report_lines([row]))
+    header = text.splitlines()[0]
+    assert "gemm" in header and "attention" in header  # a column per kernel kind seen
+    assert "commit" in text and "20 commit" in text  # the long gap, charged to the host's commit
