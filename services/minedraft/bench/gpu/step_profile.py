@@ -95,6 +95,19 @@ def capture(runner: ModelRunner, batches: Iterable[int], widths: Iterable[int], 
     return runner.graphs.capture_ahead((b, w, w if scoring else 1) for b in buckets for w in widths)
 
 
+def engine_pair(cfg: StepConfig, weights: str, needs_draft: bool) -> tuple[Verifier, Drafter | None]:
+    """The cells' verifier (and drafter) in one weight format on cfg's device, with the CUDA graph of every steady
+    shape of cfg's batches and ks captured before anything is timed."""
+    device = torch.device(cfg.device)
+    verifier = Verifier(ModelRunner(load(cfg, "target", weights), cfg.num_blocks, 16, device))
+    drafter = Drafter(ModelRunner(load(cfg, "draft", weights), cfg.num_blocks, 16, device)) if needs_draft else None
+    captured = capture(verifier.runner, cfg.batches, sorted({1, *(k + 1 for k in cfg.ks)}), scoring=True)
+    if drafter is not None:
+        captured += capture(drafter.runner, cfg.batches, range(1, max([*cfg.ks, 1]) + 2), scoring=False)
+    log(f"{weights} on {device}: {captured} CUDA graphs captured")
+    return verifier, drafter
+
+
 def profile(cfg: StepConfig, saved: Callable[[dict], None] | None = None) -> dict:
     """Every cell at every weight format (FP8: the bf16 synthetic pair quantized in memory). `saved` gets the
     results so far after each cell."""
@@ -105,17 +118,9 @@ def profile(cfg: StepConfig, saved: Callable[[dict], None] | None = None) -> dic
                      "rows": [], "errors": []}
     cells = cfg.cells()
     needs_draft = any(c.mode in ("draft", "fused") for c in cells)
-    top_k = max([*cfg.ks, 1])
     for weights in cfg.weights:
-        target = load(cfg, "target", weights)
-        draft = load(cfg, "draft", weights) if needs_draft else None
-        verifier = Verifier(ModelRunner(target, cfg.num_blocks, 16, device))
-        drafter = Drafter(ModelRunner(draft, cfg.num_blocks, 16, device)) if draft is not None else None
-        captured = capture(verifier.runner, cfg.batches, sorted({1, *(k + 1 for k in cfg.ks)}), scoring=True)
-        if drafter is not None:
-            captured += capture(drafter.runner, cfg.batches, range(1, top_k + 2), scoring=False)
-        log(f"{weights} on {device}: {captured} CUDA graphs captured")
-        batch_prompts = prompts(cfg, target.config.vocab_size)
+        verifier, drafter = engine_pair(cfg, weights, needs_draft)
+        batch_prompts = prompts(cfg, verifier.vocab_size)
         for i, cell in enumerate(cells):
             driver = CellDriver(verifier, drafter, cell, 1000 * (i + 1), batch_prompts[: cell.batch])
             row = measure_cell(driver, copy, cfg.rounds, cfg.steps, matmul_TFLOPs=rate if weights == "bf16" else 0.0)
@@ -125,7 +130,7 @@ def profile(cfg: StepConfig, saved: Callable[[dict], None] | None = None) -> dic
                 saved(results)
             log(f"{weights} {cell.mode} b={cell.batch} k={cell.k}: GPU {row['gpu_ms']:.3f} ms, whole "
                 f"{row['whole_ms']:.3f} ms, bound {row['bound_ms']:.3f} ms, late {row['late_segments']}")
-        del verifier, drafter, target, draft
+        del verifier, drafter
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return results

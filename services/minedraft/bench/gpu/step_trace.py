@@ -25,12 +25,10 @@ import torch
 
 from minedraft.bench.gpu.phase_clock import Patches, PhaseClock
 from minedraft.bench.gpu.step_cells import Cell, CellDriver, phase_hooks
-from minedraft.bench.gpu.step_profile import StepConfig, capture, load, prompts
+from minedraft.bench.gpu.step_profile import StepConfig, engine_pair, prompts
 from minedraft.bench.gpu.step_timeline import PHASE_PREFIX, summarize
 from minedraft.bench.gpu.timing import log
-from minedraft.engine.drafter import Drafter
-from minedraft.engine.runner import ModelRunner
-from minedraft.engine.verifier import Verifier
+from minedraft.bench.gpu.trace_summary import load_events
 
 DEFAULT_CELLS = "ar:1,ar:16,ar:64,verify:1:4,verify:16:4,verify:64:4,draft:1:4,draft:64:4,fused:1:4,fused:64:4"
 
@@ -75,7 +73,7 @@ def trace_cell(driver: CellDriver, steps: int, warm: int = 3) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
+        events = load_events(path)
     timeline = summarize(events, steps).as_dict()
     return {"mode": driver.cell.mode, "batch": driver.cell.batch, "k": driver.cell.k, **timeline}
 
@@ -84,24 +82,16 @@ def run(cells: list[Cell], weights: list[str], steps: int, device: str, shape: s
     cfg = StepConfig(shape=shape, batches=tuple(sorted({c.batch for c in cells})),
                      ks=tuple(sorted({c.k for c in cells if c.k})), device=device)
     rows: list[dict] = []
-    top_k = max([c.k for c in cells] + [1])
     for w in weights:
-        target = load(cfg, "target", w)
-        needs_draft = any(c.mode in ("draft", "fused") for c in cells)
-        draft = load(cfg, "draft", w) if needs_draft else None
-        verifier = Verifier(ModelRunner(target, cfg.num_blocks, 16, torch.device(device)))
-        drafter = Drafter(ModelRunner(draft, cfg.num_blocks, 16, torch.device(device))) if draft is not None else None
-        capture(verifier.runner, cfg.batches, sorted({1, *(k + 1 for k in cfg.ks)}), scoring=True)
-        if drafter is not None:
-            capture(drafter.runner, cfg.batches, range(1, top_k + 2), scoring=False)
-        batch_prompts = prompts(cfg, target.config.vocab_size)
+        verifier, drafter = engine_pair(cfg, w, needs_draft=any(c.mode in ("draft", "fused") for c in cells))
+        batch_prompts = prompts(cfg, verifier.vocab_size)
         for i, cell in enumerate(cells):
             driver = CellDriver(verifier, drafter, cell, 1000 * (i + 1), batch_prompts[: cell.batch])
             row = {"weights": w, **trace_cell(driver, steps)}
             rows.append(row)
             log(f"{w} {cell.mode} b={cell.batch} k={cell.k}: wall {row['wall_ms']:.3f} busy {row['busy_ms']:.3f} "
                 f"kernels {row['kernels']} short gaps {row['short_gaps_ms']:.3f} long gaps {row['long_gaps_ms']:.3f}")
-        del verifier, drafter, target, draft
+        del verifier, drafter
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
     return rows
