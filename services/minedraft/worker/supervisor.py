@@ -66,6 +66,7 @@ class WorkerSupervisor:
         self.check = check
         self.stopping = threading.Event()
         self.restarts = 0
+        self.backoffs: list[float] = []  # the wait before each restart so far (seconds)
         self.child: subprocess.Popen[bytes] | None = None
 
     def stop(self) -> None:
@@ -90,7 +91,8 @@ class WorkerSupervisor:
             if time.monotonic() - started >= self.timings.healthy_reset_s:
                 backoff = self.timings.first_backoff_s
             self.restarts += 1
-            log.warning("%s %s; restarting in %.0f s (restart %d)", self.name, why, backoff, self.restarts)
+            self.backoffs.append(backoff)
+            log.warning("%s %s; restarting in %.3g s (restart %d)", self.name, why, backoff, self.restarts)
             if self.stopping.wait(backoff):
                 return 0
             backoff = min(backoff * 2, self.timings.max_backoff_s)
