@@ -75,3 +75,19 @@ def test_a_device_selection_keeps_its_capacitys_best_slots_and_says_what_the_bud
     assert chosen.read_counts() == ([1, 2, 0], 5) and chosen.lengths == [1, 2, 0]
     host = select(Proposal(tokens, None, scores=scores), 9, 0.25)
     assert host.lengths == [3, 2, 0] and host.counts is None and host.read_counts() is None
+
+
+def test_a_probe_whose_capacity_keeps_every_draft_is_verified_plain_and_still_reports_its_wanted_count() -> None:
+    """A probe step (capacity = the whole budget, nothing beyond k to choose from) keeps every draft, so it has
+    no packed layout: the verify is the plain padded one, and the floor's count comes back with the verdict."""
+    scores = torch.tensor([[-0.1, -0.5, -0.9], [-0.2, -0.3, -2.0], [-3.0, -4.0, -5.0]])
+    tokens = torch.arange(9).view(3, 3)
+    probe = select(Proposal(tokens, None, scores=scores), 9, 0.25, capacity=9)
+    assert probe.counts is None and probe.lengths is None and probe.scores is None  # plain to the verifier
+    assert probe.tokens.tolist() == tokens.tolist() and probe.capacity == 9
+    assert probe.read_counts() == ([3, 3, 3], 5) and probe.lengths is None
+    capacity = DraftCapacity(128, grained=True)
+    capacity.settle(probe)
+    assert (capacity.wanted, capacity.steps, capacity.cuts) == (5, 1, 0)
+    cut = select(Proposal(tokens, None, scores=scores), 9, 0.25, capacity=8)  # one slot short: packed
+    assert cut.counts is not None and cut.counts.tolist() == [3, 3, 2]

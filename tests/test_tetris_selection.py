@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from minedraft.engine.tetris import draft_lengths, prune, select_lengths, slot_scores
+from minedraft.engine.tetris import draft_lengths, prune, select_lengths, slot_scores, token_logq
 
 
 def random_scores(batch: int, width: int, seed: int) -> torch.Tensor:
@@ -80,3 +80,22 @@ def test_a_floor_on_a_hand_case() -> None:
     assert select_lengths(scores, 12, float(torch.tensor(0.08).log())).tolist() == [3, 2, 3]
     assert select_lengths(scores, 4, float(torch.tensor(0.08).log())).tolist() == [3, 1, 0]  # the budget binds
     assert select_lengths(scores, 12, 0.0).tolist() == [0, 0, 0]  # nothing is sure
+
+
+def test_token_logq_is_the_log_softmax_at_the_drafted_token_and_at_its_largest_entry() -> None:
+    """The scores' inputs computed without a float copy of the logits or a [B, V] log of the probabilities
+    are the full log-softmax's (and log q's) values at the drafted token and at the largest entry."""
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(5, 1, 300, generator=gen) * 4).to(torch.bfloat16)
+    token = torch.randint(0, 300, (5, 1), generator=gen)
+    full = logits.float().log_softmax(dim=-1)
+    chosen, top = token_logq(logits, token, None)
+    assert chosen.dtype == top.dtype == torch.float32
+    assert torch.allclose(chosen, full.gather(-1, token.unsqueeze(-1))[:, 0, 0], atol=1e-6)
+    assert torch.allclose(top, full.amax(dim=-1)[:, 0], atol=1e-6)
+    prob = full.exp()
+    prob[0, 0, token[0, 0]] = 0.0  # a drafted token of probability 0 scores log 1e-30, not -inf
+    chosen, top = token_logq(logits, token, prob)
+    logq = prob.clamp(min=1e-30).log()
+    assert torch.equal(chosen, logq.gather(-1, token.unsqueeze(-1))[:, 0, 0])
+    assert torch.equal(top, logq.amax(dim=-1)[:, 0])

@@ -21,14 +21,18 @@ class Proposal:
     scores: torch.Tensor | None = None  # [B, k] TETRIS slot scores, when the drafter was asked (`scoring`)
     lengths: list[int] | None = None  # drafts each row has verified, when ragged (tokens -1 past them)
     counts: torch.Tensor | None = None  # the same [B] on the device, for a selection that stayed there
-    wanted: torch.Tensor | None = None  # with counts: how many drafts the budget alone would have kept (0-d)
+    wanted: torch.Tensor | None = None  # how many drafts the budget alone would have kept (0-d), when selected there
     capacity: int = 0  # with counts: the most drafts they add up to (the verify's shape is sized for it)
 
     def read_counts(self) -> tuple[list[int], int] | None:
         """A device selection's per-row counts and wanted count on the host, in one readback (after the
-        verdict's, so it costs no wait); they are kept in `lengths` from then on. None: not selected there."""
-        if self.counts is None or self.wanted is None:
+        verdict's, so it costs no wait); they are kept in `lengths` from then on. A selection that kept every
+        draft has no counts (it was verified as a plain proposal): every row's count is k. None: not
+        selected there."""
+        if self.wanted is None:
             return None
+        if self.counts is None:
+            return [self.tokens.shape[1]] * self.tokens.shape[0], int(self.wanted.item())
         values = torch.cat((self.counts, self.wanted.view(1))).tolist()
         self.lengths = values[:-1]
         return self.lengths, values[-1]

@@ -38,8 +38,14 @@ def token_logq(logits: torch.Tensor, token: torch.Tensor, prob: torch.Tensor | N
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """log q of each row's drafted token and the largest log q, [B] each, from one draft step's logits
     [B, 1, V] and tokens [B, 1]: q is what the token was sampled from (`prob`), or for an all-greedy batch
-    the softmax of the logits (a greedy row's q is one-hot, which would score every slot alike)."""
-    logq = prob.clamp(min=1e-30).log() if prob is not None else logits.float().log_softmax(dim=-1)
+    the softmax of the logits (a greedy row's q is one-hot, which would score every slot alike).
+
+    Only the [B] values are logged (log is monotonic, so the largest log q is the log of the largest q), and
+    the softmax reads the logits in their own dtype into float32 (no float copy of the [B, V] logits first)."""
+    if prob is not None:
+        chosen, top = prob.gather(-1, token.unsqueeze(-1))[:, 0, 0], prob.amax(dim=-1)[:, 0]
+        return chosen.float().clamp(min=1e-30).log(), top.float().clamp(min=1e-30).log()
+    logq = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     return logq.gather(-1, token.unsqueeze(-1))[:, 0, 0], logq.amax(dim=-1)[:, 0]
 
 

@@ -17,16 +17,20 @@ def select(proposal: Proposal, budget: int, min_prob: float = 0.0, capacity: int
     out its packed forward on its host (the data plane carries them as the -1s). With one, the `capacity` best
     slots are kept (the floor set the capacity, engine/tetris_capacity.py, and a verify of that size costs the
     same whatever fills it) and the counts stay on the device (`Proposal.counts`, with the count the floor and
-    the budget would have kept, `wanted`), so the verify can be queued behind the draft."""
+    the budget would have kept, `wanted`), so the verify can be queued behind the draft; a capacity that keeps
+    every draft (a probe step, engine/tetris_capacity.py) leaves no counts: the verify is the plain one."""
     assert proposal.scores is not None, "the drafter was not scoring"
     min_logp = math.log(min_prob) if min_prob > 0 else -math.inf
     if capacity is None:
         lengths = select_lengths(proposal.scores, budget, min_logp)
         return replace(proposal, tokens=prune(proposal.tokens, lengths), scores=None, lengths=lengths.tolist())
     kept = min(budget, capacity)
+    wanted = wanted_drafts(proposal.scores, budget, min_logp)
+    if kept >= proposal.tokens.numel():  # every draft stays: a plain verify (no packed layout), the count kept
+        return replace(proposal, scores=None, wanted=wanted, capacity=kept)
     counts = select_lengths(proposal.scores, kept)
-    return replace(proposal, tokens=prune(proposal.tokens, counts), scores=None, counts=counts,
-                   wanted=wanted_drafts(proposal.scores, budget, min_logp), capacity=kept)
+    return replace(proposal, tokens=prune(proposal.tokens, counts), scores=None, counts=counts, wanted=wanted,
+                   capacity=kept)
 
 
 def propose_selected(drafter: Drafter, seq_ids: list[int], width: int, budget: int,
