@@ -6,6 +6,12 @@ drafts stay in this process: no data plane, no draft service. After each verify 
 committed to the draft model's KV here, as the draft service commits the verdicts it receives.
 A plan's verify runs before its draft, so in sequential SD the manager sends one plan per cycle
 that verifies a batch and drafts it again (scheduler.py, "fused").
+
+A TETRIS plan (a draft budget) selects on the device, as the in-process engine does
+(engine/tetris_capacity.py): the capacity is set from the last step's count before drafting, so the
+verify is queued behind the draft without reading the per-row counts back; they come back with the
+verdict (`verified_lengths`). Tensor-parallel followers lay a packed verify out from host lengths, so
+with them the selection is read back as in PSD.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from minedraft.engine.draft_ahead import settle
 from minedraft.engine.drafter import Drafter, Proposal
 from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.rejection import Verdict
+from minedraft.engine.tetris_capacity import DraftCapacity, row_tile
 from minedraft.engine.tetris_propose import propose_selected
 from minedraft.proto import control_pb2
 from minedraft.verifier.colocated_ahead import draft_ahead
@@ -28,6 +35,12 @@ class ColocatedDrafter:
         self.drafter = drafter
         self.pending: DraftPayload | None = None
         self.ahead: tuple[int, list[int], int] | None = None  # (step, ids, k) drafted ahead: colocated_ahead.py
+        self.capacity: DraftCapacity | None = None  # TETRIS selects on the device (select_on_device)
+
+    def select_on_device(self, packed: bool) -> None:
+        """Keep TETRIS's selections on the device, sized to the row tile of this device's verify (and to the
+        verifier's packed graphs, `packed`)."""
+        self.capacity = DraftCapacity(row_tile(str(self.drafter.runner.device)), packed)
 
     def reset(self) -> None:
         forget_all(self.drafter)
@@ -67,5 +80,19 @@ class ColocatedDrafter:
             self.ahead = None  # its drafts are queued already
             return
         ids = list(plan.draft_batch)
-        proposal = propose_selected(self.drafter, ids, plan.k, plan.draft_budget, plan.draft_min_prob)
-        self.pending = DraftPayload(plan.step, ids, proposal.tokens, proposal.probs, proposal.lengths)
+        budget, capacity = plan.draft_budget, None
+        if self.capacity is not None:
+            budget, capacity = self.capacity.plan(len(ids), plan.k, budget)
+        proposal = propose_selected(self.drafter, ids, plan.k, budget, plan.draft_min_prob, capacity)
+        self.pending = DraftPayload(plan.step, ids, proposal.tokens, proposal.probs, proposal.lengths,
+                                    proposal.counts, proposal.wanted, proposal.capacity)
+
+
+def verified_lengths(proposal: Proposal | None, colocated: ColocatedDrafter | None) -> list[int] | None:
+    """The drafts each row of a verified proposal had (None: all k), once its verdict is read: a selection made on
+    the colocated draft's device reads its counts back now and sets the next step's capacity."""
+    if proposal is None:
+        return None
+    if colocated is not None and colocated.capacity is not None:
+        colocated.capacity.settle(proposal)
+    return proposal.lengths

@@ -25,7 +25,9 @@ from minedraft.worker.data_frames import DraftPayload
 def draft_ahead(drafter: Drafter, plan: control_pb2.StepPlan, ids: list[int], proposal: Proposal | None,
                 verdict: Verdict) -> DraftPayload | None:
     """The plan's drafts queued from `verdict` (still on the device) when the plain case holds, else None."""
-    if type(drafter) is not Drafter or proposal is None or getattr(proposal, "lengths", None) is not None:
+    if type(drafter) is not Drafter or proposal is None:
+        return None
+    if getattr(proposal, "lengths", None) is not None or getattr(proposal, "counts", None) is not None:  # ragged
         return None
     if getattr(plan, "draft_budget", 0) > 0:  # TETRIS selects the drafts on the host
         return None

@@ -12,11 +12,11 @@ from minedraft.core.codec import logprobs_to_wire
 from minedraft.engine.drafter import Proposal
 from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.readback import Readback, device_mark
-from minedraft.engine.transfer import to_device
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
 from minedraft.verifier.ar_ahead import held, launch_ar
-from minedraft.verifier.colocated import ColocatedDrafter
+from minedraft.verifier.colocated import ColocatedDrafter, verified_lengths
+from minedraft.verifier.draft_rows import align_drafts
 from minedraft.verifier.launch_ahead import LaunchedStep, await_next, launchable_ids
 from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_header
 from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError, PlaneOwner, setup_timeout_s
@@ -28,20 +28,6 @@ from minedraft.worker.step_timing import timed
 from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, StepBroadcast
 
 log = logging.getLogger(__name__)
-
-
-def align_drafts(payload: DraftPayload, seq_ids: list[int]) -> Proposal:
-    """Rows of the draft payload in the order of this step's verify batch."""
-    if list(payload.seq_ids) == seq_ids:  # the usual case: both batches list sequences in id order
-        return Proposal(payload.tokens, payload.probs, lengths=payload.lengths)
-    row_of = {s: i for i, s in enumerate(payload.seq_ids)}
-    missing = [s for s in seq_ids if s not in row_of]
-    if missing:
-        raise RuntimeError(f"plan asks to verify sequences {missing} that were not drafted")
-    rows = to_device(torch.tensor([row_of[s] for s in seq_ids], dtype=torch.long), payload.tokens.device)
-    probs = payload.probs[rows] if payload.probs is not None else None
-    lengths = [payload.lengths[row_of[s]] for s in seq_ids] if payload.lengths is not None else None
-    return Proposal(payload.tokens[rows], probs, lengths=lengths)
 
 
 class VerifierExecutor(PlaneOwner):
@@ -62,6 +48,8 @@ class VerifierExecutor(PlaneOwner):
         self.launch_ahead = launch_ahead  # queue the next PSD verify before reading this one back
         self.worker = worker
         self.colocated = colocated  # the draft model on this GPU (--colocated-draft): SD without a draft service
+        if colocated is not None and followers is None:  # followers lay a packed verify out from host lengths
+            colocated.select_on_device(worker.runner.packed_graphs is not None)
         self.followers = followers  # tensor-parallel ranks 1..N-1, driven step by step
         self.device = worker.runner.device
         self.store = store
@@ -156,7 +144,7 @@ class VerifierExecutor(PlaneOwner):
             if here and self.launch_ahead:  # the next drafts go right behind the verify (colocated_ahead.py)
                 self.colocated.draft_ahead(plan, ids, proposal, verdict)  # type: ignore[union-attr]
             self._launch_next(plan, ids, event, readback, None if plan.with_drafts else verdict.tokens)
-            self._commit(ids, readback, event, hidden, proposal.lengths if proposal is not None else None)
+            self._commit(ids, readback, event, hidden, verified_lengths(proposal, self.colocated))
         else:
             if self.followers is not None:
                 self.followers.send(KIND_PLAN, plan, None, drop=dropped)

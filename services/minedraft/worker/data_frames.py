@@ -32,6 +32,9 @@ class DraftPayload:
     tokens: torch.Tensor  # [B, k]
     probs: torch.Tensor | None  # [B, k, V]
     lengths: list[int] | None = None  # TETRIS: drafts each row has verified (tokens -1 past them); None: all k
+    counts: torch.Tensor | None = None  # a selection kept on the device (colocated): the same [B] there
+    wanted: torch.Tensor | None = None  # ... and the drafts its floor and budget wanted (0-d): engine/drafter.py
+    capacity: int = 0  # ... and the most drafts its counts add up to
 
 
 @dataclass(slots=True)
