@@ -222,7 +222,8 @@ class VerifierExecutor(PlaneOwner):
             return
         timing.batch = len(next_ids)
         self.drafts_pending = nxt.with_drafts and len(nxt.draft_batch) > 0 and self.plane is not None
-        payload = VerdictPayload(nxt.step, next_ids, verdict.tokens, verdict.accepted)
+        hidden = self.worker.runner.take_hidden(next_ids) if nxt.send_verdict else None  # an EAGLE head's states
+        payload = VerdictPayload(nxt.step, next_ids, verdict.tokens, verdict.accepted, hidden)
         self._hand_on(nxt, payload, timing, next_event)
         self.launched = LaunchedStep(nxt, next_ids, next_event, self.worker.read_back(verdict, started), header,
                                      expected_header(plan.step, next_ids, plan.k))

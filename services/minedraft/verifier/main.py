@@ -101,10 +101,10 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
         capture_ahead(runner, args, scoring=True, name="verifier")
         store = host_store(args.host, args.data_port)
         logging.info("data plane rendezvous store listening on %s:%d only", args.host, store.port)
-        # auto: one GPU only; with tensor-parallel followers it has not paid yet (docs/benchmarks/gpu.md)
+        # auto: one GPU and a draft model; with tensor-parallel followers it has not paid yet, and with an EAGLE
+        # head (whose states travel with each launched verdict too) it is not measured yet: "on" asks for it
         auto = runner.device.type == "cuda" and args.tp_size == 1 and args.draft_kind == "model"
-        launch_ahead = args.draft_kind == "model" and (args.launch_ahead == "on" or (args.launch_ahead == "auto"
-                                                                                     and auto))
+        launch_ahead = args.launch_ahead == "on" or (args.launch_ahead == "auto" and auto)
         return VerifierExecutor(Verifier(runner), store, args.host, store.port, channel,
                                 colocated_drafter(args, load, runner), launch_ahead, stall)
 

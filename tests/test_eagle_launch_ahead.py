@@ -1,0 +1,53 @@
+"""PSD with an EAGLE head and the verifier launching verifies ahead (CPU, gloo, the bundled trained pair).
+
+A verify launched ahead sends its verdict before the step before it is committed; with a head that verdict must
+carry its target states too, or the draft side feeds zeros for those positions: output stays exact (the target
+judges every draft) but acceptance falls. So the test asserts both: AR's greedy tokens, and the acceptance of
+the same requests without launch-ahead."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from minedraft.batch_manager.config import ManagerConfig
+from minedraft.bundled import TINY_TARGET
+from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
+from minedraft.core.sampling_params import SamplingParams
+from tests.conftest import engine_from_folders, serve_requests
+
+TINY_EAGLE = TINY_TARGET.parent / "tiny-eagle"
+PROMPTS = [[(7 * i + j) % 180 + 3 for j in range(4 + (5 * i) % 20)] for i in range(8)]
+
+
+def psd_run(log_dir: Path, launch_ahead: str) -> tuple[list[list[int]], dict, str]:
+    env = {"MINEDRAFT_LAUNCH_AHEAD": launch_ahead}
+    stack = LocalStack(StackConfig(target=str(TINY_TARGET), draft=str(TINY_EAGLE), draft_kind="eagle",
+                                   grpc_port=free_port(), http_port=free_port(), num_blocks=512, log_dir=log_dir,
+                                   process_env={"verifier": env, "draft": env}))
+    stack.start_verifier()
+    stack.start_draft()
+    reqs = [(p, SamplingParams(max_tokens=16, ignore_eos=True), None) for p in PROMPTS]
+    try:
+        results, status = asyncio.run(asyncio.wait_for(
+            serve_requests(stack, TINY_TARGET, ManagerConfig(mode="psd", k=3), False, reqs), 240))
+    finally:
+        stack.stop()
+    tokens = [[t for chunk in chunks for t in chunk.token_ids] for chunks in results]
+    return tokens, status, (log_dir / "verifier.log").read_text()
+
+
+@pytest.mark.skipif(not (TINY_EAGLE / "config.json").exists(), reason="bundled head not built")
+def test_verifies_launched_ahead_carry_the_heads_states(tmp_path: Path) -> None:
+    ar = engine_from_folders(TINY_TARGET, None, "ar", block_size=16, num_blocks=1024).generate(
+        PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))
+    ahead, ahead_status, log = psd_run(tmp_path / "on", "on")
+    plain, plain_status, plain_log = psd_run(tmp_path / "off", "off")
+    assert ahead == plain == [r.output_ids for r in ar]
+    assert "verifies are launched ahead" in log and "verifies are launched ahead" not in plain_log
+    assert ahead_status["steps_by_kind"]["psd"] > 0
+    rate, plain_rate = ahead_status["acceptance_rate"], plain_status["acceptance_rate"]
+    assert plain_rate > 0.2, "the trained head drafts well from the target's states"
+    assert rate > 0.8 * plain_rate, (rate, plain_rate)
