@@ -174,13 +174,23 @@ class LLMEngine:
         )
 
     def _admit(self) -> None:
+        """Admit waiting requests while the next step's KV fits. The running batch's need is summed once and
+        grown by each admitted request (adding one sequence leaves the others' tables as they are), so admitting
+        a large batch stays linear in its size; free blocks are read after each add (a prefix hit takes some)."""
+        workers = self._workers()
+        lookahead = [self.width - (w is self.draft) for w in workers]
+        running_ids = [r.req_id for r in self.running]
+        needed = [w.blocks_needed(running_ids, n) for w, n in zip(workers, lookahead, strict=True)]
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             spec = seq_spec(req, self.eos_ids)  # what the workers get in the services: the same processing
-            for w in self._workers():
+            for w in workers:
                 w.add(req.req_id, req.all_tokens, sampling_from_spec(spec), len(req.prompt_ids))
-            if not self._fits([*self.running, req]) and self.running:
-                for w in self._workers():
+            needed = [total + w.blocks_needed([req.req_id], n) for total, w, n in zip(needed, workers, lookahead,
+                                                                                       strict=True)]
+            fits = all(total <= w.runner.allocator.num_free for total, w in zip(needed, workers, strict=True))
+            if not fits and self.running:
+                for w in workers:
                     w.remove(req.req_id)
                 return
             self.running.append(self.waiting.popleft())
@@ -193,10 +203,11 @@ class LLMEngine:
                 w.remove(victim.req_id)
             self.waiting.appendleft(victim)
 
-    def _retire(self, req: Request) -> None:
+    def _retire(self, req: Request, running: bool = True) -> None:
+        """Free a request's KV on both models and forget it (`running`: take it out of the running list too)."""
         for w in self._workers():
             w.remove(req.req_id)
-        if req in self.running:
+        if running and req in self.running:
             self.running.remove(req)
         self.requests.pop(req.req_id, None)
 
@@ -248,8 +259,10 @@ class LLMEngine:
             req.stats.drafted += self.width if proposal is None or proposal.lengths is None else proposal.lengths[b]
             req.stats.accepted += accepted
             req.append_tokens(new_tokens, self.eos_ids, self.tokenizer, logprobs.get(req.req_id))
-            if req.finished:
-                self._retire(req)
+        if finished := [req for req in batch if req.finished]:
+            self.running = [req for req in self.running if not req.finished]  # one pass, not a remove each
+            for req in finished:
+                self._retire(req, running=False)
         return batch
 
     def generate(
