@@ -124,7 +124,7 @@ def test_the_backoff_doubles_up_to_its_cap(tmp_path: Path) -> None:
         time.sleep(0.005)
     supervisor.stop()
     runner.join(10)
-    assert supervisor.backoffs[:4] == [0.1, 0.2, 0.4, 0.4], "doubles from the first wait up to the cap"
+    assert list(supervisor.backoffs)[:4] == [0.1, 0.2, 0.4, 0.4], "doubles from the first wait up to the cap"
     # Each restart really waited its backoff: a start never follows the previous one sooner, less this
     # loop's 5 ms poll. A child's own start-up only adds to a gap (by a fraction of a second on a loaded
     # machine), so no upper bound is asserted.

@@ -45,6 +45,8 @@ class ColocatedDrafter:
     def reset(self) -> None:
         forget_all(self.drafter)
         self.pending, self.ahead = None, None
+        if self.capacity is not None:  # nothing measured for the next manager's batches yet
+            self.capacity = DraftCapacity(self.capacity.tile, self.capacity.grained)
 
     def apply_membership(self, plan: control_pb2.StepPlan) -> None:
         apply_membership(self.drafter, plan)

@@ -29,7 +29,7 @@ def draft_ahead(drafter: Drafter, plan: control_pb2.StepPlan, ids: list[int], pr
         return None
     if getattr(proposal, "lengths", None) is not None or getattr(proposal, "counts", None) is not None:  # ragged
         return None
-    if getattr(plan, "draft_budget", 0) > 0:  # TETRIS selects the drafts on the host
+    if getattr(plan, "draft_budget", 0) > 0:  # TETRIS scores and selects its drafts: not this path
         return None
     if not plan.with_drafts or plan.k < 1 or list(plan.draft_batch) != ids or drafter.grammars.rows(ids):
         return None

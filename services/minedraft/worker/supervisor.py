@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -66,7 +67,7 @@ class WorkerSupervisor:
         self.check = check
         self.stopping = threading.Event()
         self.restarts = 0
-        self.backoffs: list[float] = []  # the wait before each restart so far (seconds)
+        self.backoffs: deque[float] = deque(maxlen=64)  # the waits before the latest restarts (seconds)
         self.child: subprocess.Popen[bytes] | None = None
 
     def stop(self) -> None:
