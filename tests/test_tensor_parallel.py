@@ -22,6 +22,7 @@ from minedraft.engine.runner import ModelRunner
 from minedraft.engine.tensor_parallel import TPContext
 from minedraft.engine.verifier import Verifier
 from tests.conftest import grpc_stream, make_hf_model, worker_info
+from tests.eagle_support import write_eagle_head
 
 PROMPTS = [[5, 9, 13, 2, 7], [3] * 9, [11, 12]]
 IDS = [4, 8, 15, 16, 23, 42, 7, 1, 9, 30, 31]
@@ -152,5 +153,28 @@ def test_a_follower_leaves_when_rank_0_dies(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert follower.poll() not in (None, 0)
         assert "Connection closed by peer" in (tmp_path / "logs" / "verifier-tp1.log").read_text()
+    finally:
+        stack.stop()
+
+
+@pytest.mark.parametrize("launch_ahead", ["off", "on"])
+def test_psd_with_an_eagle_head_and_a_two_rank_tensor_parallel_verifier(tmp_path: Path, launch_ahead: str) -> None:
+    """Rank 0 captures the states the head reads (they are whole on every rank after each all-reduce) and ships
+    them with its verdicts, launched ahead or not; greedy PSD output is still exactly AR."""
+    make_hf_model(tmp_path / "target", "qwen2", seed=21)
+    head = write_eagle_head(tmp_path / "head", tmp_path / "target", "speculators-eagle3", seed=4, draft_vocab=70)
+    env = {"MINEDRAFT_LAUNCH_AHEAD": launch_ahead}
+    stack = LocalStack(StackConfig(target=str(tmp_path / "target"), draft=str(head), draft_kind="eagle",
+                                   grpc_port=free_port(), http_port=free_port(), k=3, num_blocks=256, tp_size=2,
+                                   log_dir=tmp_path / "logs", process_env={"verifier": env, "draft": env}))
+    expected = single_process_ar(tmp_path)
+    try:
+        stack.start(timeout=120)
+        assert "verifier-tp1" in stack.procs
+        assert stream_all(stack) == expected
+        health = stack.health()
+        assert health["drafted_total"] > 0 and health["steps_by_kind"]["psd"] > 0  # type: ignore[index]
+        launched = "verifies are launched ahead" in (tmp_path / "logs" / "verifier.log").read_text()
+        assert launched == (launch_ahead == "on")
     finally:
         stack.stop()

@@ -19,11 +19,12 @@ from minedraft.engine.model import CausalLM
 
 
 def capturing_runner(model: CausalLM, head_dir: str | Path, num_blocks: int, block_size: int,
-                     device: str | torch.device) -> CapturingRunner:
+                     device: str | torch.device, keeps: bool = True) -> CapturingRunner:
     """The target's runner, keeping what the head reads: the layers whose inputs an EAGLE-3 head taps, or
-    (EAGLE-1/2) the last hidden state."""
+    (EAGLE-1/2) the last hidden state. A tensor-parallel follower runs the same forwards (their all-reduces
+    must match rank 0's) but keeps nothing (`keeps` False): only rank 0 ships states."""
     taps = load_eagle_config(head_dir, model.config).aux_layers
-    return CapturingRunner(model, num_blocks, block_size, device, taps)
+    return CapturingRunner(model, num_blocks, block_size, device, taps, keeps=keeps)
 
 
 def head_drafter(head_dir: str | Path, target_dir: str | Path, num_blocks: int, block_size: int,

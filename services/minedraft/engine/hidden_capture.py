@@ -28,9 +28,10 @@ MAX_ROWS = 8192  # per sequence; beyond it the oldest go (the draft zero-fills t
 
 class CapturingRunner(ModelRunner):
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16, device: torch.device | str = "cpu",
-                 taps: tuple[int, ...] = (), cuda_graphs: bool = True) -> None:
+                 taps: tuple[int, ...] = (), cuda_graphs: bool = True, keeps: bool = True) -> None:
         super().__init__(model, num_blocks, block_size, device, cuda_graphs=cuda_graphs)
         self.taps = taps  # () = the last hidden state (EAGLE-1/2)
+        self.keeps = keeps  # False: a tensor-parallel follower's runner, whose forwards must only match rank 0's
         self.outbox: dict[int, list[tuple[int, torch.Tensor]]] = {}
         self._fed: tuple[list[int], list[int], list[int]] = ([], [], [])
 
@@ -76,6 +77,8 @@ class CapturingRunner(ModelRunner):
         return self.model.logits(take_rows(hidden, pick)), features
 
     def _record(self, features: torch.Tensor) -> None:
+        if not self.keeps:
+            return
         seq_ids, starts, lens = self._fed
         for b, (seq_id, start, n) in enumerate(zip(seq_ids, starts, lens, strict=True)):
             kept = [(s, t[: max(0, start - s)]) for s, t in self.outbox.get(seq_id, []) if s < start]

@@ -13,6 +13,7 @@ from minedraft.worker.settings import DRAIN_MARGIN_S, add_worker_flags
 
 if TYPE_CHECKING:
     from minedraft.engine.runner import ModelRunner
+    from minedraft.engine.tensor_parallel import TPContext
     from minedraft.verifier.colocated import ColocatedDrafter
     from minedraft.worker.process import ModelLoader
 
@@ -63,6 +64,22 @@ def colocated_drafter(args: argparse.Namespace, load: ModelLoader, target: Model
     return ColocatedDrafter(Drafter(runner))
 
 
+def target_runner(args: argparse.Namespace, tp: TPContext | None, load: ModelLoader, keeps: bool = True
+                  ) -> ModelRunner:
+    """The target's runner: with --draft-kind eagle one that captures what the head reads (rank 0 keeps and ships
+    it; a tensor-parallel follower, `keeps` False, runs the same forwards so that its all-reduces match)."""
+    from minedraft.worker.process import load_runner
+
+    if args.draft_kind != "eagle":
+        return load_runner(args, tp, load)
+    from minedraft.engine.eagle_pair import capturing_runner
+    from minedraft.engine.loader import parse_dtype
+    from minedraft.worker.settings import draft_head_dir
+
+    model = load(args.model, args.device, parse_dtype(args.dtype), tp=tp)
+    return capturing_runner(model, draft_head_dir(args), args.num_blocks, args.block_size, args.device, keeps)
+
+
 def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     # torch and the engine load here, not on import: `minedraft batch-manager`, whose image has
     # no torch, imports this module for its flags.
@@ -72,7 +89,7 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     from minedraft.engine.verifier import Verifier
     from minedraft.verifier.executor import VerifierExecutor
     from minedraft.verifier.tp_follower import follow
-    from minedraft.worker.process import capture_ahead, load_runner, prepare_process, run_worker
+    from minedraft.worker.process import capture_ahead, prepare_process, run_worker
     from minedraft.worker.rendezvous import host_store
     from minedraft.worker.stall_watch import StallWatch
     from minedraft.worker.tp_group import KIND_STOP, TP_TIMEOUT_S, StepBroadcast, join_tp_group
@@ -90,7 +107,7 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     stall = StallWatch(TP_TIMEOUT_S) if tp is not None else None
     if tp is not None and tp.rank > 0:
         assert channel is not None
-        worker = Verifier(load_runner(args, tp, load))
+        worker = Verifier(target_runner(args, tp, load, keeps=False))
         capture_ahead(worker.runner, args, scoring=True, name=f"verifier-tp{tp.rank}")  # in step with rank 0
         logging.info("tensor-parallel rank %d of %d following rank 0", tp.rank, tp.size)
         exit_if_rank0_never_stops(args.drain_grace_s + DRAIN_MARGIN_S)
@@ -108,17 +125,8 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
         return VerifierExecutor(Verifier(runner), store, args.host, store.port, channel,
                                 colocated_drafter(args, load, runner), launch_ahead, stall)
 
-    def capturing() -> ModelRunner:  # --draft-kind eagle: the runner keeps what the head reads
-        from minedraft.engine.eagle_pair import capturing_runner
-        from minedraft.engine.loader import parse_dtype
-        from minedraft.worker.settings import draft_head_dir
-
-        model = load(args.model, args.device, parse_dtype(args.dtype), tp=tp)
-        return capturing_runner(model, draft_head_dir(args), args.num_blocks, args.block_size, args.device)
-
     try:
-        return run_worker(args, "verifier", make_executor, tp, load,
-                          make_runner=capturing if args.draft_kind == "eagle" else None)
+        return run_worker(args, "verifier", make_executor, tp, load, make_runner=lambda: target_runner(args, tp, load))
     finally:
         if channel is not None:
             channel.send(KIND_STOP)
