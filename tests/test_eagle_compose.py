@@ -28,16 +28,20 @@ def tiny_vocab(tmp_path_factory: pytest.TempPathFactory):
     return root, hf
 
 
-@pytest.mark.parametrize("layout", ["safeailab-eagle", "speculators-eagle3"])
-def test_sampled_output_with_a_head_follows_the_target(tiny_vocab, layout: str) -> None:
+@pytest.mark.parametrize(("layout", "tetris_extra"), [("safeailab-eagle", 0), ("speculators-eagle3", 0),
+                                                     ("speculators-eagle3", 2)],
+                         ids=["safeailab-eagle", "speculators-eagle3", "speculators-eagle3-tetris"])
+def test_sampled_output_with_a_head_follows_the_target(tiny_vocab, layout: str, tetris_extra: int) -> None:
+    """With TETRIS the head drafts k + extra and the batch's best k x B slots are verified: still the target's."""
     root, hf = tiny_vocab
     head = write_eagle_head(root / layout, root / "target", layout, seed=13, draft_vocab=4, scale=4.0)
     probs = joint_first_two(hf, 1.0, 0, 1.0)
     engine = engine_from_folders(root / "target", head, "sd", k=2, block_size=8, num_blocks=SAMPLES + 64,
-                                 max_num_seqs=SAMPLES, draft_kind="eagle")
+                                 max_num_seqs=SAMPLES, draft_kind="eagle", tetris_extra=tetris_extra)
     counts = sample_pairs(engine, 1.0, 0, 1.0)
     assert chi_square_pvalue(counts, probs) > 1e-3
     assert engine.draft is not None and engine.draft.runner.allocator.num_free == SAMPLES + 64
+    assert (engine.capacity.steps > 0) == (tetris_extra > 0)  # the selected steps, made on the device
 
 
 def test_penalties_and_logprobs_with_a_head_keep_greedy_output(random_pair, tmp_path: Path) -> None:
