@@ -87,8 +87,11 @@ def test_sampled_tetris_sd_follows_the_target_distribution(tiny_vocab_pair) -> N
 
 
 @pytest.mark.skipif(not (TINY_TARGET / "config.json").exists(), reason="bundled pair not built")
-def test_greedy_tetris_with_grammars_equals_ar() -> None:
-    """Grammar rows mask each verified slot after drafts[:i]; a pruned row's -1 slots are never consumed."""
+@pytest.mark.parametrize(("draft_kind", "extra"), [("model", 3), ("eagle", 0), ("eagle", 3)],
+                         ids=["tetris", "head", "head-tetris"])
+def test_greedy_tetris_with_grammars_equals_ar(draft_kind: str, extra: int) -> None:
+    """Grammar rows mask each verified slot after drafts[:i]; a pruned row's -1 slots are never consumed. The
+    same with the bundled EAGLE head drafting (its drafts masked as the draft model's are)."""
     from tests.test_structured_outputs import PROMPTS as TEXTS
     from tests.test_structured_outputs import SCHEMA, structured
 
@@ -97,6 +100,7 @@ def test_greedy_tetris_with_grammars_equals_ar() -> None:
     params = [SamplingParams(max_tokens=80, structured=so) for so in cases for _ in TEXTS]
     prompts = [p for _ in cases for p in TEXTS]
     ar = engine_from_folders(TINY_TARGET, None, "ar").generate(prompts, params)
-    sd = engine_from_folders(TINY_TARGET, TINY_DRAFT, "sd", k=3, tetris_extra=3).generate(
+    draft = TINY_DRAFT if draft_kind == "model" else TINY_TARGET.parent / "tiny-eagle"
+    sd = engine_from_folders(TINY_TARGET, draft, "sd", k=3, tetris_extra=extra, draft_kind=draft_kind).generate(
         prompts, [SamplingParams(max_tokens=80, structured=p.structured) for p in params])
     assert [r.output_ids for r in sd] == [r.output_ids for r in ar]
