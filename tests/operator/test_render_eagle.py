@@ -7,7 +7,7 @@ import copy
 from tests.operator.test_render import containers, env, rendered
 
 
-def test_an_eagle_head_mounts_the_target_on_the_draft_and_the_head_on_rank_0(gpu_mdd) -> None:
+def test_an_eagle_head_mounts_the_target_on_the_draft_and_the_head_on_every_verifier_rank(gpu_mdd) -> None:
     before = containers(rendered(copy.deepcopy(gpu_mdd)))
     assert "MINEDRAFT_DRAFT_KIND" not in env(before["verifier"]) | env(before["draft"])  # pods keep their template
     gpu_mdd["spec"]["target"]["tensorParallelSize"] = 2
@@ -18,5 +18,7 @@ def test_an_eagle_head_mounts_the_target_on_the_draft_and_the_head_on_rank_0(gpu
     assert env(cs["draft"])["MINEDRAFT_TARGET_MODEL"] == target
     assert env(cs["verifier"])["MINEDRAFT_DRAFT_HEAD"] == head
     mounts = {name: {m["mountPath"] for m in cs[name]["volumeMounts"] if m.get("readOnly")} for name in cs}
-    assert mounts["verifier"] == mounts["draft"] and len(mounts["draft"]) == 2
-    assert "MINEDRAFT_DRAFT_KIND" not in env(cs["verifier-tp1"])  # followers verify; rank 0 captures and sends
+    assert mounts["verifier"] == mounts["draft"] == mounts["verifier-tp1"] and len(mounts["draft"]) == 2
+    # followers run the same capturing forwards (their all-reduces match rank 0's); only rank 0 sends the states
+    assert env(cs["verifier-tp1"])["MINEDRAFT_DRAFT_KIND"] == "eagle"
+    assert env(cs["verifier-tp1"])["MINEDRAFT_DRAFT_HEAD"] == head

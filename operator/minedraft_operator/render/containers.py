@@ -103,7 +103,9 @@ def verifier_containers(spec: DeploymentSpec) -> list[dict[str, Any]]:
         stand_in = rank == 0 and spec.draft_stand_in  # drafts while the draft service is lost
         if stand_in:
             env["MINEDRAFT_COLOCATED_DRAFT"] = spec.draft.model.folder(spec.images["bundledModelsDir"])
-        eagle = rank == 0 and spec.draft_kind == "eagle"  # rank 0 captures the hidden states the head reads
+        # Every rank runs the forwards that capture what the head reads (their all-reduces must match); rank 0
+        # keeps the states and sends them
+        eagle = spec.draft_kind == "eagle"
         if eagle:
             env.update({"MINEDRAFT_DRAFT_KIND": "eagle",
                         "MINEDRAFT_DRAFT_HEAD": spec.draft.model.folder(spec.images["bundledModelsDir"])})
