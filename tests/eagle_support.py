@@ -8,7 +8,25 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from minedraft.bundled import TINY_TARGET
+from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
+
 LAYOUTS = ("safeailab-eagle", "safeailab-eagle3", "speculators-eagle", "speculators-eagle3")
+TINY_EAGLE = TINY_TARGET.parent / "tiny-eagle"  # the bundled head trained for tiny-target
+BUNDLED_PROMPTS = [[(7 * i + j) % 180 + 3 for j in range(4 + (5 * i) % 20)] for i in range(8)]
+
+
+def bundled_head_stack(log_dir: Path, process_env: dict[str, dict[str, str]], draft_service: bool = True
+                       ) -> LocalStack:
+    """tiny-target's verifier (and a draft service) with the bundled head, started; the batch manager is the
+    test's own (tests/conftest.serve_requests)."""
+    stack = LocalStack(StackConfig(target=str(TINY_TARGET), draft=str(TINY_EAGLE), draft_kind="eagle",
+                                   grpc_port=free_port(), http_port=free_port(), num_blocks=512, log_dir=log_dir,
+                                   process_env=process_env))
+    stack.start_verifier()
+    if draft_service:
+        stack.start_draft()
+    return stack
 
 
 def _layer(target: dict, version: int, prefix: str, gen: torch.Generator, scale: float) -> dict[str, torch.Tensor]:

@@ -14,21 +14,15 @@ import pytest
 
 from minedraft.batch_manager.config import ManagerConfig
 from minedraft.bundled import TINY_TARGET
-from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
 from minedraft.core.sampling_params import SamplingParams
 from tests.conftest import engine_from_folders, serve_requests
-
-TINY_EAGLE = TINY_TARGET.parent / "tiny-eagle"
-PROMPTS = [[(7 * i + j) % 180 + 3 for j in range(4 + (5 * i) % 20)] for i in range(8)]
+from tests.eagle_support import BUNDLED_PROMPTS as PROMPTS
+from tests.eagle_support import TINY_EAGLE, bundled_head_stack
 
 
 def psd_run(log_dir: Path, launch_ahead: str) -> tuple[list[list[int]], dict, str]:
     env = {"MINEDRAFT_LAUNCH_AHEAD": launch_ahead}
-    stack = LocalStack(StackConfig(target=str(TINY_TARGET), draft=str(TINY_EAGLE), draft_kind="eagle",
-                                   grpc_port=free_port(), http_port=free_port(), num_blocks=512, log_dir=log_dir,
-                                   process_env={"verifier": env, "draft": env}))
-    stack.start_verifier()
-    stack.start_draft()
+    stack = bundled_head_stack(log_dir, {"verifier": env, "draft": env})
     reqs = [(p, SamplingParams(max_tokens=16, ignore_eos=True), None) for p in PROMPTS]
     try:
         results, status = asyncio.run(asyncio.wait_for(

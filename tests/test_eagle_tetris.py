@@ -6,21 +6,19 @@ rows are verified to their own depths."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from minedraft.batch_manager.config import ManagerConfig
-from minedraft.batch_manager.coordinator import Coordinator
 from minedraft.bundled import TINY_TARGET
-from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.llm_engine import EngineConfig, LLMEngine
 from tests.conftest import serve_requests
+from tests.eagle_support import BUNDLED_PROMPTS as PROMPTS
+from tests.eagle_support import TINY_EAGLE, bundled_head_stack
+from tests.test_tetris_services import verify_lengths_into
 
-TINY_EAGLE = TINY_TARGET.parent / "tiny-eagle"
-PROMPTS = [[(7 * i + j) % 180 + 3 for j in range(4 + (5 * i) % 20)] for i in range(8)]
 K, EXTRA = 2, 2
 bundled = pytest.mark.skipif(not (TINY_EAGLE / "config.json").exists(), reason="bundled head not built")
 
@@ -46,24 +44,9 @@ def test_a_head_with_tetris_in_one_process_equals_ar(floor: float) -> None:
 @pytest.mark.parametrize("colocated", [False, True], ids=["psd", "sd-colocated"])
 def test_a_head_with_tetris_through_the_services_equals_ar(tmp_path: Path, colocated: bool) -> None:
     env = {"verifier": {"MINEDRAFT_COLOCATED_DRAFT": str(TINY_EAGLE)}} if colocated else {}
-    stack = LocalStack(StackConfig(target=str(TINY_TARGET), draft=str(TINY_EAGLE), draft_kind="eagle",
-                                   grpc_port=free_port(), http_port=free_port(), num_blocks=512, log_dir=tmp_path,
-                                   process_env=env))
-    stack.start_verifier()
-    if not colocated:
-        stack.start_draft()
-    seen: list[list[int]] = []  # each verify's per-row draft counts, as the verifier reports them
-
-    def watch(coordinator: Coordinator) -> None:
-        plan_k = coordinator.driver.k_plan
-        on_verify = plan_k.on_verify
-
-        def spy(step: int, drafted: int, accepted: list[int], compute_ms: float | None, seq_ids: Sequence[int] = (),
-                lengths: Sequence[int] | None = None) -> None:
-            seen.append(list(lengths or ()))
-            on_verify(step, drafted, accepted, compute_ms, seq_ids, lengths)
-        plan_k.on_verify = spy  # type: ignore[method-assign]
-
+    stack = bundled_head_stack(tmp_path, env, draft_service=not colocated)
+    seen: list[list[int] | None] = []
+    watch = verify_lengths_into(seen)
     config = ManagerConfig(mode="psd" if not colocated else "sd", k=K, draft_selection="tetris", tetris_extra=EXTRA,
                            tetris_min_batch=1)
     reqs = [(p, SamplingParams(max_tokens=16, ignore_eos=True), None) for p in PROMPTS]

@@ -66,13 +66,19 @@ def test_indivisible_shapes_are_refused(tmp_path: Path) -> None:
         load_model(tmp_path / "m", tp=TPContext(rank=0, size=2))
 
 
-def tp_pair_stack(tmp_path: Path, **fields: object) -> LocalStack:
-    """A random qwen2 pair served with a two-rank tensor-parallel verifier (not started)."""
+def tp_pair_stack(tmp_path: Path, head: str | None = None, **fields: object) -> LocalStack:
+    """A random qwen2 target served with a two-rank tensor-parallel verifier (not started), drafting with a random
+    one-layer draft model or, with `head` (a layout of tests/eagle_support.py), a random EAGLE head for it."""
     make_hf_model(tmp_path / "target", "qwen2", seed=21)
-    make_hf_model(tmp_path / "draft", "qwen2", seed=22, num_hidden_layers=1)
-    return LocalStack(StackConfig(target=str(tmp_path / "target"), draft=str(tmp_path / "draft"),
+    draft = tmp_path / "draft"
+    if head is None:
+        make_hf_model(draft, "qwen2", seed=22, num_hidden_layers=1)
+    else:
+        draft = write_eagle_head(tmp_path / "head", tmp_path / "target", head, seed=4, draft_vocab=70)
+        fields["draft_kind"] = "eagle"
+    return LocalStack(StackConfig(target=str(tmp_path / "target"), draft=str(draft),
                                   grpc_port=free_port(), http_port=free_port(), k=3, num_blocks=256, tp_size=2,
-                                  log_dir=tmp_path / "logs", **fields))
+                                  log_dir=tmp_path / "logs", **fields))  # type: ignore[arg-type]
 
 
 STACK_PROMPTS = [[3 + i, 7, 9 + i] for i in range(6)]
@@ -161,12 +167,8 @@ def test_a_follower_leaves_when_rank_0_dies(tmp_path: Path) -> None:
 def test_psd_with_an_eagle_head_and_a_two_rank_tensor_parallel_verifier(tmp_path: Path, launch_ahead: str) -> None:
     """Rank 0 captures the states the head reads (they are whole on every rank after each all-reduce) and ships
     them with its verdicts, launched ahead or not; greedy PSD output is still exactly AR."""
-    make_hf_model(tmp_path / "target", "qwen2", seed=21)
-    head = write_eagle_head(tmp_path / "head", tmp_path / "target", "speculators-eagle3", seed=4, draft_vocab=70)
     env = {"MINEDRAFT_LAUNCH_AHEAD": launch_ahead}
-    stack = LocalStack(StackConfig(target=str(tmp_path / "target"), draft=str(head), draft_kind="eagle",
-                                   grpc_port=free_port(), http_port=free_port(), k=3, num_blocks=256, tp_size=2,
-                                   log_dir=tmp_path / "logs", process_env={"verifier": env, "draft": env}))
+    stack = tp_pair_stack(tmp_path, "speculators-eagle3", process_env={"verifier": env, "draft": env})
     expected = single_process_ar(tmp_path)
     try:
         stack.start(timeout=120)

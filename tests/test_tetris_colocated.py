@@ -18,24 +18,19 @@ from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
 from minedraft.verifier.colocated import ColocatedDrafter
 from minedraft.verifier.executor import VerifierExecutor
+from tests.test_ar_launch_ahead import spec
 
 BLOCK = 16
 PROMPTS = {1: [5, 9, 3, 17, 22], 2: [7, 7, 8, 2, 40, 41], 3: [60, 61, 62], 4: [11, 30, 31, 32, 33, 34, 35, 36]}
 K, EXTRA, STEPS = 2, 2, 18
 
 
-def spec(seq_id: int) -> control_pb2.SeqSpec:
-    out = control_pb2.SeqSpec(seq_id=seq_id, tokens=PROMPTS[seq_id], prompt_len=len(PROMPTS[seq_id]))
-    out.sampling.top_p = 1.0
-    out.sampling.repetition_penalty = 1.0
-    return out
-
-
 def plans(drafting: bool, min_prob: float) -> list[control_pb2.StepPlan]:
     ids = sorted(PROMPTS)
     out = []
     for step in range(STEPS):
-        plan = control_pb2.StepPlan(step=step, verify_batch=ids, add=[spec(s) for s in ids] if step == 0 else [])
+        adds = [spec(s, PROMPTS[s]) for s in ids] if step == 0 else []
+        plan = control_pb2.StepPlan(step=step, verify_batch=ids, add=adds)
         if drafting:  # a fused TETRIS plan: verify the last drafts, draft k + extra again under a k x B budget
             plan.k, plan.with_drafts, plan.draft_here = K + EXTRA, True, True
             plan.draft_batch.extend(ids)

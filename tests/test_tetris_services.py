@@ -6,7 +6,7 @@ drafter prunes)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,22 @@ def requests() -> list[tuple[list[int], SamplingParams, str | None]]:
     return out
 
 
+def verify_lengths_into(seen: list[list[int] | None]) -> Callable[[Coordinator], None]:
+    """A `serve_requests` watch that appends each verify's per-row draft counts (None: all k) to `seen`, as the
+    step driver hands them on to adaptive k."""
+
+    def watch(coordinator: Coordinator) -> None:
+        plan_k = coordinator.driver.k_plan
+        on_verify = plan_k.on_verify
+
+        def spy(step: int, drafted: int, accepted: list[int], compute_ms: float | None, seq_ids: Sequence[int] = (),
+                lengths: Sequence[int] | None = None) -> None:
+            seen.append(None if lengths is None else list(lengths))
+            on_verify(step, drafted, accepted, compute_ms, seq_ids, lengths)
+        plan_k.on_verify = spy  # type: ignore[method-assign]
+    return watch
+
+
 @pytest.mark.parametrize(("mode", "colocated", "extra", "floor"),
                          [("psd", False, 3, 0.0), ("sd", False, 3, 0.0), ("sd", True, 3, 0.0), ("psd", False, 0, 0.3),
                           ("sd", True, 2, 0.3)],
@@ -42,18 +58,8 @@ def test_tetris_services_equal_ar(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     config = ManagerConfig(mode=mode, k=2, draft_selection="tetris", tetris_extra=extra, tetris_min_batch=1)
     if floor:  # the floor the plans carry, as if learnt from measured costs
         monkeypatch.setattr(draft_budget, "min_prob", lambda adaptive, batch, k, overlapped: floor)
-    seen: list[list[int] | None] = []  # each verify's per-row draft counts, as the step driver hands them on
-
-    def watch(coordinator: Coordinator) -> None:
-        plan_k = coordinator.driver.k_plan
-        on_verify = plan_k.on_verify
-
-        def spy(step: int, drafted: int, accepted: list[int], compute_ms: float | None, seq_ids: Sequence[int] = (),
-                lengths: Sequence[int] | None = None) -> None:
-            seen.append(None if lengths is None else list(lengths))
-            on_verify(step, drafted, accepted, compute_ms, seq_ids, lengths)
-        plan_k.on_verify = spy  # type: ignore[method-assign]
-
+    seen: list[list[int] | None] = []
+    watch = verify_lengths_into(seen)
     stack = pair_stack(target, draft, tmp_path, colocated)
     try:
         results, status = asyncio.run(asyncio.wait_for(serve_requests(stack, target, config, colocated, reqs, watch),
