@@ -2,9 +2,8 @@
 
 Each figure is a CUDA-graph replay of `reps` launches over disjoint KV regions (>= 512 MiB in
 all, so L2 cannot hold them), divided by `reps`: no launch overhead, no cache reuse. `eager`
-is one plain launch through the Python wrapper, for comparison; `2-kernel us` the same graph with
-split attentions merged by the second kernel instead of their own last program. Correctness lives
-in tests/gpu (pytest); this only times.
+is one plain launch through the Python wrapper, for comparison. Correctness lives in
+tests/gpu (pytest); this only times.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from minedraft.core.errors import MinedraftError
 BLOCK_SIZE = 16
 
 
-def time_graph(qs, kc, vc, tables, starts, qlens, outs, splits: int | None, scale: float,
-               fused_merge: bool = True) -> float:
+def time_graph(qs, kc, vc, tables, starts, qlens, outs, splits: int | None, scale: float) -> float:
     """Milliseconds per launch of a captured graph of `len(qs)` launches."""
     import triton
 
@@ -30,8 +28,7 @@ def time_graph(qs, kc, vc, tables, starts, qlens, outs, splits: int | None, scal
 
     def run_all() -> None:
         for r in range(reps):
-            paged_attention_triton(qs[r], kc, vc, tables[r], starts, qlens, scale, out=outs[r], num_splits=splits,
-                                   fused_merge=fused_merge)
+            paged_attention_triton(qs[r], kc, vc, tables[r], starts, qlens, scale, out=outs[r], num_splits=splits)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -54,7 +51,7 @@ def time_decode(sweep_splits: bool, device: str = "cuda") -> None:
     cols = ctx // BLOCK_SIZE
     scale = dim**-0.5
     print(f"decode benchmark: H={heads} Hkv={kvh} D={dim} bf16, context {ctx}, do_bench median")
-    header = f"{'B':>4} {'Q':>3} {'splits':>6} {'graph us':>9} {'KV GB/s':>9} {'eager us':>9} {'2-kernel us':>11}"
+    header = f"{'B':>4} {'Q':>3} {'splits':>6} {'graph us':>9} {'KV GB/s':>9} {'eager us':>9}"
     print(header + ("  best forced split" if sweep_splits else ""))
     for width in (1, 5):
         for batch in (1, 2, 4, 8, 16, 32, 64):
@@ -77,8 +74,7 @@ def time_decode(sweep_splits: bool, device: str = "cuda") -> None:
             )
             eager = triton.testing.do_bench(eager_call, return_mode="median")
             line = f"{batch:>4} {width:>3} {splits:>6} {ms * 1e3:>9.1f} {kv_bytes / (ms * 1e-3) / 1e9:>9.1f} "
-            two = time_graph(qs, kc, vc, tables, starts, qlens, outs, None, scale, False) if splits > 1 else ms
-            line += f"{eager * 1e3:>9.1f} {two * 1e3:>11.1f}"
+            line += f"{eager * 1e3:>9.1f}"
             if sweep_splits:
                 forced = {n: time_graph(qs, kc, vc, tables, starts, qlens, outs, n, scale) for n in (1, 2, 4, 8, 16)}
                 best = min(forced, key=forced.__getitem__)

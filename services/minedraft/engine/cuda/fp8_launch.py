@@ -33,10 +33,9 @@ def tma_fits(weight: torch.Tensor) -> bool:
 
 
 class ArrivalCounts:
-    """Per device, one int32 count per output tile for a kernel whose last program to finish a tile adds up
-    the others' parts (the FP8 GEMMs' fused chunk sums, the attention's split merge): zeroed once, outside
-    any CUDA graph capture, and left at zero by every launch (its last program resets its tile's count).
-    The kernels of one user run one at a time (one stream), so one buffer serves them all."""
+    """Per device, one int32 count per output tile for the fused chunk sums: zeroed once, outside any
+    CUDA graph capture, and left at zero by every launch (its last program resets its tile's count).
+    FP8 GEMMs of one device run one at a time (one stream), so one buffer serves them all."""
 
     SLOTS = 1 << 16
 

@@ -25,12 +25,8 @@ lo = 0, or the first tile touching the sliding window. Softmax is the usual onli
 Grid: (M tiles = cdiv(Q * G, BLOCK_M), B * Hkv, NUM_SPLITS). When B * Hkv * M tiles is too
 small to fill the GPU (small-batch decode), the key range is additionally split into
 NUM_SPLITS chunks ("flash-decoding"): each split writes a normalized partial output plus its
-log-sum-exp into a workspace, and the tile's last split program to finish merges them (each bumps a
-per-tile arrival count after its partials are written; the one that completes the count merges, then
-resets it), so a split attention is one launch; the merge formula is the one `_merge_splits_kernel`
-runs as a second kernel where the counts cannot be had (a capture that finds none made) or
-`fused_merge=False` asks for it. NUM_SPLITS is chosen from static shapes only (batch, heads,
-block-table width, SM count), never from data.
+log-sum-exp into a workspace and a second small kernel merges them. NUM_SPLITS is chosen
+from static shapes only (batch, heads, block-table width, SM count), never from data.
 
 Packed queries (a TETRIS verify, engine/ragged.py): q is [1, N, H, D], the rows' valid tokens
 one after the other, row b's from q_offsets[b]; the grid is the same as for the [B, Q] layout
@@ -49,15 +45,12 @@ only allocations are the output and the split workspace (torch.empty, graph-pool
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 
 import torch
 import triton
 import triton.language as tl
-
-from minedraft.engine.cuda.fp8_launch import ArrivalCounts
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -70,7 +63,6 @@ def _paged_attention_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
-    counts_ptr,
     block_tables_ptr,
     starts_ptr,
     query_lens_ptr,
@@ -107,7 +99,6 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     PACKED: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -216,53 +207,16 @@ def _paged_attention_kernel(
 
     has_keys = l_i > 0.0
     o = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    o_ptrs = o_row + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
     if NUM_SPLITS > 1:
         # Workspace rows are indexed like the output: ((split * B + b) * Q + tok) * H + head.
         num_heads = NUM_KV_HEADS * GROUP
-        split_rows = (tl.num_programs(1) // NUM_KV_HEADS).to(tl.int64) * num_q * num_heads
-        row = (b.to(tl.int64) * num_q + tok) * num_heads + head  # split 0's row
-        tl.store(part_out_ptr + (split * split_rows + row)[:, None] * HEAD_DIM + offs_d[None, :], o,
-                 mask=row_in[:, None])
+        row = ((split * (tl.num_programs(1) // NUM_KV_HEADS) + b).to(tl.int64) * num_q + tok) * num_heads + head
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_in[:, None])
         lse = tl.where(has_keys, m_i + tl.math.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + split * split_rows + row, lse, mask=row_in)
-        if FUSED_MERGE:
-            # The last split to arrive merges all of them (which one it is does not matter: every
-            # partial is written before the count rises) and leaves the count at zero for the next
-            # launch. One thread takes the ticket after the barrier, with release and acquire at GPU
-            # scope, as the FP8 GEMM's fused chunk sums do (fp8_gemm.py).
-            tl.debug_barrier()
-            count = counts_ptr + tile * tl.num_programs(1) + bh
-            arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
-            if arrived == NUM_SPLITS - 1:
-                _merge_rows(o_ptrs, out_ptr, part_out_ptr, part_lse_ptr, row, split_rows, row_in, row_out, offs_d,
-                            NUM_SPLITS, HEAD_DIM)
-                tl.store(count, 0)
+        tl.store(part_lse_ptr + row, lse, mask=row_in)
     else:
+        o_ptrs = o_row + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :] * stride_od
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_out[:, None])
-
-
-@triton.jit
-def _merge_rows(o_ptrs, out_ptr, part_out_ptr, part_lse_ptr, row, split_rows, row_in, row_out, offs_d,
-                NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """A tile's rows merged from every split's partial output and log-sum-exp, `_merge_splits_kernel`'s
-    formula one split at a time (the partials are read past L1: other programs wrote them)."""
-    m = tl.full(row.shape, float("-inf"), dtype=tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        lse = tl.load(part_lse_ptr + s * split_rows + row, mask=row_in, other=float("-inf"), cache_modifier=".cg")
-        m = tl.maximum(m, lse)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    denom = tl.zeros(row.shape, dtype=tl.float32)
-    acc = tl.zeros((row.shape[0], HEAD_DIM), dtype=tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        at = s * split_rows + row
-        w = tl.math.exp2(tl.load(part_lse_ptr + at, mask=row_in, other=float("-inf"), cache_modifier=".cg") - m)
-        denom += w
-        part = tl.load(part_out_ptr + at[:, None] * HEAD_DIM + offs_d[None, :], mask=row_in[:, None], other=0.0,
-                       cache_modifier=".cg")
-        acc += part * w[:, None]
-    o = acc / tl.where(denom > 0.0, denom, 1.0)[:, None]
-    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=row_out[:, None])
 
 
 @triton.jit
@@ -358,8 +312,6 @@ def _write_kv_kernel(
 
 
 _MAX_SPLITS = 16
-SPLIT_MERGE_ENV = "MINEDRAFT_ATTENTION_SPLIT_MERGE"
-ATTENTION_ARRIVALS = ArrivalCounts()  # the split merges' tickets, apart from the FP8 GEMMs' (fp8_launch.py)
 _SM_COUNT: dict[int, int] = {}
 
 
@@ -376,16 +328,6 @@ def _launch_config(rows: int, head_dim: int) -> tuple[int, int, int, int]:
     if rows <= 32:
         return 32, 128, 4, 2
     return 64, 64, 4, 3
-
-
-@functools.cache
-def fused_merge_default() -> bool:
-    """Whether split attentions merge in their own launch: yes, unless MINEDRAFT_ATTENTION_SPLIT_MERGE=kernel
-    (the second-kernel merge, kept to compare the two on a GPU), read once."""
-    choice = os.environ.get(SPLIT_MERGE_ENV, "fused")
-    if choice not in ("fused", "kernel"):
-        raise ValueError(f"{SPLIT_MERGE_ENV}={choice!r}: choose fused or kernel")
-    return choice == "fused"
 
 
 def _sm_count(device: torch.device) -> int:
@@ -422,7 +364,6 @@ def paged_attention_triton(
     num_splits: int | None = None,
     q_offsets: torch.Tensor | None = None,
     width: int = 0,
-    fused_merge: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of q [B, Q, H, D] over the paged cache -> [B, Q, H, D].
 
@@ -434,9 +375,7 @@ def paged_attention_triton(
     when `sliding_window` is a positive int), read through block_tables[b, key_pos //
     block_size] from k_cache / v_cache [num_blocks, block_size, Hkv, D]. Padding tokens
     come back as zeros. `out` may be given (any strides) to write into; `num_splits`
-    overrides the static key-split heuristic; `fused_merge=False` merges the splits in a second kernel
-    (the launch's last split program merges them otherwise; None: `fused_merge_default`). No host
-    synchronisation happens here.
+    overrides the static key-split heuristic. No host synchronisation happens here.
     """
     packed = q_offsets is not None
     if packed:
@@ -477,10 +416,8 @@ def paged_attention_triton(
         part_lse = torch.empty((num_splits, batch, width, heads), device=q.device, dtype=torch.float32)
     else:
         part_out = part_lse = out  # unused
-    grid = (m_tiles, batch * kv_heads, num_splits)
-    fused = fused_merge_default() if fused_merge is None else fused_merge
-    counts = ATTENTION_ARRIVALS.get(q.device, m_tiles * batch * kv_heads) if num_splits > 1 and fused else None
 
+    grid = (m_tiles, batch * kv_heads, num_splits)
     _paged_attention_kernel[grid](
         q,
         k_cache,
@@ -488,7 +425,6 @@ def paged_attention_triton(
         out,
         part_out,
         part_lse,
-        counts if counts is not None else query_lens,  # unread without the fused merge
         block_tables,
         starts,
         query_lens,
@@ -513,11 +449,10 @@ def paged_attention_triton(
         DOT_PRECISION=precision,
         UPCAST_DOT=_INTERPRET and q.dtype != torch.float32,
         PACKED=packed,
-        FUSED_MERGE=counts is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    if num_splits > 1 and counts is None:
+    if num_splits > 1:
         num_rows = batch * width * heads
         _merge_splits_kernel[(num_rows,)](
             part_out,
