@@ -1,9 +1,11 @@
-"""PSD with an EAGLE head and the verifier launching verifies ahead (CPU, gloo, the bundled trained pair).
+"""PSD with an EAGLE head, the verifier launching verifies ahead and the draft service drafting from verdicts
+still on its device (CPU, gloo, the bundled trained pair).
 
 A verify launched ahead sends its verdict before the step before it is committed; with a head that verdict must
 carry its target states too, or the draft side feeds zeros for those positions: output stays exact (the target
-judges every draft) but acceptance falls. So the test asserts both: AR's greedy tokens, and the acceptance of
-the same requests without launch-ahead."""
+judges every draft) but acceptance falls. The draft service's head, drafting ahead, must feed the states it
+received behind the verdict and stash them as a host-side commit would. So the test asserts both: AR's greedy
+tokens, and the acceptance of the same requests without launch-ahead."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from tests.eagle_support import BUNDLED_PROMPTS as PROMPTS
 from tests.eagle_support import TINY_EAGLE, bundled_head_stack
 
 
-def psd_run(log_dir: Path, launch_ahead: str) -> tuple[list[list[int]], dict, str]:
+def psd_run(log_dir: Path, launch_ahead: str) -> tuple[list[list[int]], dict, str, str]:
     env = {"MINEDRAFT_LAUNCH_AHEAD": launch_ahead}
     stack = bundled_head_stack(log_dir, {"verifier": env, "draft": env})
     reqs = [(p, SamplingParams(max_tokens=16, ignore_eos=True), None) for p in PROMPTS]
@@ -30,17 +32,19 @@ def psd_run(log_dir: Path, launch_ahead: str) -> tuple[list[list[int]], dict, st
     finally:
         stack.stop()
     tokens = [[t for chunk in chunks for t in chunk.token_ids] for chunks in results]
-    return tokens, status, (log_dir / "verifier.log").read_text()
+    return tokens, status, (log_dir / "verifier.log").read_text(), (log_dir / "draft.log").read_text()
 
 
 @pytest.mark.skipif(not (TINY_EAGLE / "config.json").exists(), reason="bundled head not built")
 def test_verifies_launched_ahead_carry_the_heads_states(tmp_path: Path) -> None:
     ar = engine_from_folders(TINY_TARGET, None, "ar", block_size=16, num_blocks=1024).generate(
         PROMPTS, SamplingParams(max_tokens=16, ignore_eos=True))
-    ahead, ahead_status, log = psd_run(tmp_path / "on", "on")
-    plain, plain_status, plain_log = psd_run(tmp_path / "off", "off")
+    ahead, ahead_status, log, draft_log = psd_run(tmp_path / "on", "on")
+    plain, plain_status, plain_log, plain_draft_log = psd_run(tmp_path / "off", "off")
     assert ahead == plain == [r.output_ids for r in ar]
     assert "verifies are launched ahead" in log and "verifies are launched ahead" not in plain_log
+    drafted_ahead = "drafts are launched from verdicts on the device"
+    assert drafted_ahead in draft_log and drafted_ahead not in plain_draft_log
     assert ahead_status["steps_by_kind"]["psd"] > 0
     rate, plain_rate = ahead_status["acceptance_rate"], plain_status["acceptance_rate"]
     assert plain_rate > 0.2, "the trained head drafts well from the target's states"

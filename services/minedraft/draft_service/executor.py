@@ -11,16 +11,19 @@ import torch
 import torch.distributed as dist
 
 from minedraft.draft_service.launch_ahead import AwaitedVerdict, LaunchedDraft, launchable_kd
+from minedraft.engine import eagle_ahead
 from minedraft.engine.draft_ahead import propose_ahead, settle
 from minedraft.engine.drafter import Drafter, Proposal
+from minedraft.engine.eagle_drafter import EagleDrafter
 from minedraft.engine.readback import Readback, device_mark, elapsed_ms
 from minedraft.engine.tetris_propose import propose_selected
 from minedraft.proto import control_pb2
 from minedraft.worker.data_frames import DraftPayload, expected_verdict_header, split_verdict_frame
-from minedraft.worker.data_plane import DRAFT_RANK, DataPlane, DataPlaneError, PlaneOwner, setup_timeout_s
+from minedraft.worker.data_plane import DRAFT_RANK, DataPlane, DataPlaneError
 from minedraft.worker.info import worker_info
 from minedraft.worker.membership import apply_membership, cache_report, forget_all
 from minedraft.worker.placement import device_identity
+from minedraft.worker.plane_owner import PlaneOwner, setup_timeout_s
 from minedraft.worker.step_timing import timed
 
 log = logging.getLogger(__name__)
@@ -142,14 +145,22 @@ class DraftExecutor(PlaneOwner):
         """Queue the plan's drafts behind its verdict's posted receive (membership already applied)."""
         assert self.plane is not None and self.awaited is not None
         ids, timing = list(plan.draft_batch), event.timing
+        head = isinstance(self.worker, EagleDrafter)
         with timed(timing, "compute_ms"):
-            posted = self.plane.take_posted_verdict(len(ids), kd)
+            posted = self.plane.take_posted_verdict(len(ids), kd, head)
             if posted is None:
                 return None
-            expected = expected_verdict_header(self.awaited.step, ids, kd)
+            runs = None
+            if head and self.plane.verdict_states is not None:  # each row's states from its window's start
+                runs = ([self.worker.seqs[s].length - 1 for s in ids], *self.plane.verdict_states)
+            expected = expected_verdict_header(self.awaited.step, ids, kd, runs)
             verdict = Readback(posted.frame)  # on the host as soon as the verdict lands
             started = device_mark(self.device)
-            proposal = propose_ahead(self.worker, ids, kd, plan.k, posted.accepted, posted.tokens)
+            if isinstance(self.worker, EagleDrafter) and posted.hidden is not None:
+                proposal = eagle_ahead.propose_ahead(self.worker, ids, kd, plan.k, posted.accepted, posted.tokens,
+                                                     posted.hidden)
+            else:
+                proposal = propose_ahead(self.worker, ids, kd, plan.k, posted.accepted, posted.tokens)
             finished = device_mark(self.device)
         timing.batch = len(ids)
         self._send(plan, ids, proposal, timing)
@@ -157,7 +168,7 @@ class DraftExecutor(PlaneOwner):
         if not self.ahead_count:
             log.info("drafts are launched from verdicts on the device (first: step %d)", plan.step)
         self.ahead_count += 1
-        return LaunchedDraft(plan, ids, kd, event, verdict, expected, started, finished)
+        return LaunchedDraft(plan, ids, kd, event, verdict, expected, started, finished, posted.hidden)
 
     def _launch_next(self, plan: control_pb2.StepPlan, ids: list[int], finished: torch.cuda.Event | None) -> None:
         """Queue the next plan's drafts now when it has arrived (waiting for it while this plan's kernels run)."""
@@ -169,7 +180,7 @@ class DraftExecutor(PlaneOwner):
             return
         kd = launchable_kd(self.worker, self.awaited, nxt, ids) if not nxt.draft_budget else None  # TETRIS selects
         assert self.plane is not None
-        if kd is None or not self.plane.can_take_verdict(len(ids), kd):
+        if kd is None or not self.plane.can_take_verdict(len(ids), kd, isinstance(self.worker, EagleDrafter)):
             return
         event = control_pb2.WorkerEvent(step=nxt.step)
         with timed(event.timing, "control_ms"):
@@ -194,6 +205,8 @@ class DraftExecutor(PlaneOwner):
                           plan.step, header[:8], launched.expected_header[:8])
                 self._drop_plane()
                 event.data_plane_lost = True
+            elif isinstance(self.worker, EagleDrafter) and launched.states is not None:
+                eagle_ahead.settle(self.worker, launched.ids, rows, accepted, plan.k, launched.states)
             else:
                 settle(self.worker, launched.ids, rows, accepted, plan.k)
         with timed(timing, "compute_ms"):

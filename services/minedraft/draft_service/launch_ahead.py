@@ -11,9 +11,12 @@ plan's kernels finish, so the draft GPU goes from one batch to the next without 
 
 Only the plain case takes this path: the plan drafts exactly the batch whose verdict is awaited (same
 order), removes none of the sequences in flight, and every row awaits the verdict of one proposal of
-the same kd, with room for the worst case. The verdict's header is checked when it is read back; a
-mismatch (which these rules exclude) is reported as a broken data plane, so the pair is re-synced.
-The verifier judges whatever it is sent exactly, so no output token can be wrong either way.
+the same kd, with room for the worst case. An EAGLE head drafts ahead too (engine/eagle_ahead.py), from
+the verdict's states received into the device behind it, when every row's head has all the states
+before its verify window (so the verdict carries kd + 1 per row, the size the receive is posted for).
+The verdict's header (with a head, each row's first state position and count too) is checked when it is
+read back; a mismatch (which these rules exclude) is reported as a broken data plane, so the pair is
+re-synced. The verifier judges whatever it is sent exactly, so no output token can be wrong either way.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from dataclasses import dataclass
 
 import torch
 
+from minedraft.engine import eagle_ahead
 from minedraft.engine.draft_ahead import awaited_k, room_to_draft_ahead
 from minedraft.engine.drafter import Drafter
+from minedraft.engine.eagle_drafter import EagleDrafter
 from minedraft.engine.readback import Readback
 from minedraft.proto import control_pb2
 
@@ -48,6 +53,7 @@ class LaunchedDraft:
     expected_header: list[int]
     started: torch.cuda.Event | None
     finished: torch.cuda.Event | None
+    states: torch.Tensor | None = None  # an EAGLE head's: the verdict's states it drafted from, for settling
 
 
 def launchable_kd(drafter: Drafter, awaited: AwaitedVerdict | None, plan: control_pb2.StepPlan,
@@ -61,7 +67,15 @@ def launchable_kd(drafter: Drafter, awaited: AwaitedVerdict | None, plan: contro
         return None
     if drafter.grammars.rows(ids):  # its masks need each draft on the host before the next
         return None
-    kd = awaited_k(drafter, ids[0])
-    if kd < 1 or any(awaited_k(drafter, s) != kd for s in ids):
+    kd = _awaited_k(drafter, ids[0])
+    if kd < 1 or any(_awaited_k(drafter, s) != kd for s in ids):
+        return None
+    if isinstance(drafter, EagleDrafter) and not eagle_ahead.can_draft_ahead(drafter, ids):
         return None
     return kd if room_to_draft_ahead(drafter, ids, kd, plan.k) else None
+
+
+def _awaited_k(drafter: Drafter, seq_id: int) -> int:
+    if isinstance(drafter, EagleDrafter):
+        return eagle_ahead.awaited_k(drafter, seq_id)
+    return awaited_k(drafter, seq_id)

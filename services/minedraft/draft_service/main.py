@@ -31,13 +31,13 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
     eagle = args.draft_kind == "eagle"
 
     def make_executor(runner: ModelRunner) -> DraftExecutor:
-        if eagle:  # drafts read the verdict's hidden states on the host side of the step: no launch-ahead
+        if eagle:  # launch-ahead only when asked (`auto` keeps a head's drafts behind the verdict's readback)
             from minedraft.engine.eagle_drafter import EagleDrafter
             from minedraft.engine.eagle_runner import EagleRunner
 
             assert isinstance(runner, EagleRunner)
-            capture_ahead(runner, args, scoring=False, name="draft service")  # the head's feedback forwards
-            return DraftExecutor(EagleDrafter(runner), launch_ahead=False)
+            capture_ahead(runner, args, scoring=False, name="draft service")  # the head's forwards
+            return DraftExecutor(EagleDrafter(runner), launch_ahead=args.launch_ahead == "on")
         launch_ahead = args.launch_ahead == "on" or (args.launch_ahead == "auto" and runner.device.type == "cuda")
         capture_ahead(runner, args, scoring=False, name="draft service")
         return DraftExecutor(Drafter(runner), launch_ahead)

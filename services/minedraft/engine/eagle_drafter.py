@@ -37,7 +37,8 @@ class EagleDrafter(Drafter):
         dtype = runner.head.embed_tokens.weight.dtype
         self.stash = EagleStash(self.feature_width, dtype, torch.device(runner.device), window)
         self.features_received = 0  # positions whose target state arrived (what the checksum test reads)
-        self._out: torch.Tensor | None = None  # the head's output of the last draft step [B, 1, h]
+        self.head_out: torch.Tensor | None = None  # the head's output of the last draft step [B, 1, h]
+        self.drafted: dict[int, int] = {}  # k of the proposal each sequence awaits the verdict of
 
     @property
     def feature_width(self) -> int:
@@ -47,10 +48,12 @@ class EagleDrafter(Drafter):
             **cache: object) -> None:
         super().add(seq_id, tokens, params, prompt_len, **cache)  # type: ignore[arg-type]
         self.stash.drop(seq_id)
+        self.drafted.pop(seq_id, None)
 
     def remove(self, seq_id: int) -> None:
         super().remove(seq_id)
         self.stash.drop(seq_id)
+        self.drafted.pop(seq_id, None)
 
     def prefill(self, chunks: list[tuple[int, int]]) -> int:
         """Nothing to compute yet: a chunk's states are the target's, and come with the first verdict."""
@@ -80,22 +83,24 @@ class EagleDrafter(Drafter):
         slot = self.head_runner.first_features(batch, width)  # its graph's input buffer, if one replays it
         features = self.stash.gather(seq_ids, starts, covered, width, slot)
         reserve = [length + k for length in lengths]
-        logits, self._out = self.head_runner.forward_features(seq_ids, sent[: batch * width].view(batch, width),
+        logits, self.head_out = self.head_runner.forward_features(seq_ids, sent[: batch * width].view(batch, width),
                                                               features, starts, lens, reserve)
         proposal = self.draft_from(seq_ids, logits, sent[batch * width :], k, reserve)
         for st, start, n in zip(states, starts, covered, strict=True):
             st.cached = start + n
             self.stash.retire(st.seq_id, st.cached - 1)
             self.prefix.publish(st)
-        self._out = None
+            self.drafted[st.seq_id] = k
+        self.head_out = None
         return proposal
 
     def feed_draft(self, seq_ids: list[int], token: torch.Tensor, position: torch.Tensor, ones: torch.Tensor,
                    reserve: list[int]) -> torch.Tensor:
         """Draft token at `position` goes to draft position - 1 (never negative: a draft follows a committed token),
         with the head's previous output as its state."""
-        assert self._out is not None
-        logits, self._out = self.head_runner.forward_features(seq_ids, token, self._out, position - 1, ones, reserve)
+        assert self.head_out is not None
+        logits, self.head_out = self.head_runner.forward_features(seq_ids, token, self.head_out, position - 1,
+                                                                  ones, reserve)
         return logits
 
     def commit(self, seq_id: int, new_tokens: list[int], accepted: int,
@@ -105,6 +110,7 @@ class EagleDrafter(Drafter):
         the device with the next read, with the other sequences' of the batch)."""
         st = self.seqs[seq_id]
         st.tokens.extend(new_tokens)
+        self.drafted.pop(seq_id, None)
         self.runner.truncate(seq_id, st.cached)
         self.prefix.publish(st)
         self.grammars.commit(seq_id, new_tokens)

@@ -19,10 +19,11 @@ from minedraft.verifier.colocated import ColocatedDrafter, verified_lengths
 from minedraft.verifier.draft_rows import align_drafts
 from minedraft.verifier.launch_ahead import LaunchedStep, await_next, launchable_ids
 from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_header
-from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError, PlaneOwner, setup_timeout_s
+from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError
 from minedraft.worker.info import worker_info
 from minedraft.worker.membership import apply_membership, cache_report, forget_all, verify_ids
 from minedraft.worker.placement import COLOCATED_VERIFIER_ROLE, device_identity
+from minedraft.worker.plane_owner import PlaneOwner, setup_timeout_s
 from minedraft.worker.stall_watch import StallWatch
 from minedraft.worker.step_timing import timed
 from minedraft.worker.tp_group import KIND_PLAN, KIND_RESET, StepBroadcast

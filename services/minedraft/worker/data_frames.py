@@ -50,21 +50,43 @@ def expected_header(step: int, seq_ids: list[int], k: int) -> list[int]:
 
 @dataclass(slots=True)
 class PostedVerdict:
-    frame: torch.Tensor  # the used part of the frame on the device: header, sequence ids, accepted, tokens
+    frame: torch.Tensor  # the used part of the frame on the device: header, sequence ids, accepted, tokens (runs)
     accepted: torch.Tensor  # [B] and [B, k+1] (-1 padded) views, valid once the stream reaches them
     tokens: torch.Tensor
+    hidden: torch.Tensor | None = None  # an EAGLE head's states, k+1 rows per sequence: [B * (k+1), F]
 
 
-def expected_verdict_header(step: int, seq_ids: list[int], k: int) -> list[int]:
-    """What a posted verdict frame's header must hold for a verdict on these sequences."""
-    return [step, len(seq_ids), k, 0, 0, len(seq_ids) * (k + 3), *seq_ids]
+def verdict_slots(batch: int, k: int, hidden: bool) -> int:
+    """Body slots of a verdict of `batch` rows of width k + 1 (with a head: its runs and dtype code too)."""
+    return batch * (k + 3) + (2 * batch + 1 if hidden else 0)
+
+
+def posted_verdict(frame: torch.Tensor, batch: int, k: int, hidden: torch.Tensor | None = None) -> PostedVerdict:
+    """Device views of a posted verdict frame (`hidden`: the states received after it, when a head drafts)."""
+    used = frame[: HEADER_SLOTS + verdict_slots(batch, k, hidden is not None)]
+    body = used[HEADER_SLOTS + batch :]
+    return PostedVerdict(used, body[:batch], body[batch : batch * (k + 2)].view(batch, k + 1), hidden)
+
+
+def expected_verdict_header(step: int, seq_ids: list[int], k: int, hidden: tuple[list[int], int, int] | None = None
+                            ) -> list[int]:
+    """What a posted verdict frame's header must hold for a verdict on these sequences; with `hidden` (each
+    row's first state position, the states' width and dtype code) the header's state fields and, after it,
+    the runs every row's k + 1 states make (what `split_verdict_frame` leaves past the token rows)."""
+    batch = len(seq_ids)
+    if hidden is None:
+        return [step, batch, k, 0, 0, verdict_slots(batch, k, False), *seq_ids]
+    starts, width, code = hidden
+    return [step, batch, k, width, batch * (k + 1), verdict_slots(batch, k, True), *seq_ids,
+            *starts, *[k + 1] * batch, code]
 
 
 def split_verdict_frame(frame: list[int], batch: int, k: int) -> tuple[list[int], list[int], list[list[int]]]:
-    """A posted verdict frame read back: its header with the sequence ids, accepted counts, token rows."""
+    """A posted verdict frame read back: its header with the sequence ids (and a head's runs after them, what
+    `expected_verdict_header` lists), accepted counts, token rows."""
     body = frame[HEADER_SLOTS + batch :]
     rows = [body[batch + i * (k + 1) : batch + (i + 1) * (k + 1)] for i in range(batch)]
-    return frame[: HEADER_SLOTS + batch], body[:batch], rows
+    return frame[: HEADER_SLOTS + batch] + body[batch * (k + 2) :], body[:batch], rows
 
 
 @dataclass(slots=True)

@@ -27,6 +27,8 @@ from minedraft.worker.data_frames import (
     PostedDrafts,
     PostedVerdict,
     VerdictPayload,
+    posted_verdict,
+    verdict_slots,
 )
 from minedraft.worker.nccl_report import nccl_log
 from minedraft.worker.rendezvous import bare_group
@@ -38,11 +40,6 @@ DRAFT_RANK = 1
 
 class DataPlaneError(MinedraftError):
     """The peer is gone or the transport failed; the caller falls back."""
-
-
-def setup_timeout_s(setup_timeout: float) -> float:
-    """A DataPlaneSetup's timeout, 20 s when the manager left it unset."""
-    return setup_timeout or 20.0
 
 
 class DataPlane:
@@ -67,6 +64,7 @@ class DataPlane:
         self._pending: list[dist.Work] = []
         self._keep: list[torch.Tensor] = []
         self._posted: dict[str, tuple[torch.Tensor, dist.Work]] = {}  # a frame's receive per channel, queued early
+        self.verdict_states: tuple[int, int] | None = None  # the head's states' width and dtype code, once seen
         report = nccl_log() if backend == "nccl" else None
         report_start = report.mark() if report is not None else 0
         try:
@@ -140,9 +138,11 @@ class DataPlane:
         """The draft service's twin of `post_drafts_receive` (read by `recv_verdict` or `take_posted_verdict`)."""
         self._post_receive("verdicts")
 
-    def can_take_verdict(self, batch: int, k: int) -> bool:
-        """Whether `take_posted_verdict` will give a verdict of `batch` rows of width k + 1."""
-        return "verdicts" in self._posted and batch * (k + 3) <= FRAME_SLOTS - HEADER_SLOTS
+    def can_take_verdict(self, batch: int, k: int, hidden: bool = False) -> bool:
+        """Whether `take_posted_verdict` will give a verdict of `batch` rows of width k + 1 (with `hidden`, and
+        the head's states, whose width and dtype an earlier verdict told)."""
+        fits = verdict_slots(batch, k, hidden) <= FRAME_SLOTS - HEADER_SLOTS
+        return "verdicts" in self._posted and fits and (not hidden or self.verdict_states is not None)
 
     def _post_receive(self, channel: str) -> None:
         if channel in self._posted:
@@ -164,15 +164,21 @@ class DataPlane:
         tokens = frame[HEADER_SLOTS + batch : HEADER_SLOTS + batch + batch * k].view(batch, k)
         return PostedDrafts(tokens, frame[: HEADER_SLOTS + batch])
 
-    def take_posted_verdict(self, batch: int, k: int) -> PostedVerdict | None:
+    def take_posted_verdict(self, batch: int, k: int, hidden: bool = False) -> PostedVerdict | None:
         """The posted verdict frame as device views (accepted counts, token rows, header), for drafts
         queued before the verdict is read on the host; None when no receive is posted or a verdict of
-        `batch` rows of width k + 1 would not fit one frame."""
-        if not self.can_take_verdict(batch, k):
+        `batch` rows of width k + 1 would not fit one frame. With `hidden`, also the head's states of
+        every row's k + 1 verified positions, received after it (the caller has made sure that is what
+        the verifier sends: a receive of another size would not match its send)."""
+        if not self.can_take_verdict(batch, k, hidden):
             return None
-        frame = self._claim_posted("verdicts")[: HEADER_SLOTS + batch * (k + 3)]
-        accepted, tokens = frame[HEADER_SLOTS + batch : HEADER_SLOTS + 2 * batch], frame[HEADER_SLOTS + 2 * batch :]
-        return PostedVerdict(frame, accepted, tokens.view(batch, k + 1))
+        frame = self._claim_posted("verdicts")
+        states = None
+        if hidden:
+            assert self.verdict_states is not None
+            width, code = self.verdict_states
+            states = self._recv((batch * (k + 1), width), HIDDEN_DTYPES[code], "verdicts")
+        return posted_verdict(frame, batch, k, states)
 
     def _claim_posted(self, channel: str) -> torch.Tensor:
         """The posted frame, once its receive is waited on (NCCL: by the stream; gloo: by this thread)."""
@@ -245,6 +251,7 @@ class DataPlane:
             rows = (self._recv((count, width), dtype, "verdicts") if count
                     else torch.zeros((0, width), dtype=dtype, device=self.device))
             hidden = HiddenRows(runs[:batch], runs[batch:2 * batch], rows)
+            self.verdict_states = (width, runs[-1])
         return VerdictPayload(step, host[:batch].tolist(), host[2 * batch:tokens_end].view(batch, k + 1),
                               host[batch : 2 * batch], hidden)
 
@@ -282,15 +289,3 @@ class DataPlane:
                 except Exception as exc:
                     log.warning("closing a data-plane communicator: %s", exc)
         self.groups = {}
-
-
-class PlaneOwner:
-    """An executor's hold on its data plane. Dropping it always closes the process group:
-    one left open makes every later epoch in this process fail to form."""
-
-    plane: DataPlane | None = None
-
-    def _drop_plane(self) -> None:
-        if self.plane is not None:
-            self.plane.close()
-            self.plane = None
