@@ -39,15 +39,24 @@ def test_the_capacity_follows_the_last_wanted_count_to_a_packed_graphs_tokens() 
 def test_the_capacity_rounds_to_the_row_tile_and_a_step_saving_none_is_plain_fixed_k() -> None:
     """On CUDA a verify costs the same for every token count within a 128-row tile: at 64 rows and k = 3 a
     floor that wants 175 of 192 drafts saves nothing (239 tokens are two tiles, as 256 are), so the step keeps
-    every draft without scoring, but for one probe in `probe_every`; at k = 6 wanting 281 of 384 fills three
-    tiles (320 drafts) instead of four."""
+    every draft without scoring, but for one probe in `probe_every`, half as often after each probe that finds
+    nothing to prune; at k = 6 wanting 281 of 384 fills three tiles (320 drafts) instead of four."""
     assert row_tile("cuda:0") == 128 and row_tile("cpu") == 1
     capacity = DraftCapacity(128, grained=True, probe_every=4)
     assert capacity.plan(64, 3, 192) == (192, 192)  # nothing measured: score and select
     capacity.observe(175, 192)
+    plans = [capacity.plan(64, 3, 192) for _ in range(4)]
+    assert plans == [(0, None)] * 3 + [(192, 192)]
+    capacity.observe(170, 192)  # the probe: still two tiles, so the next one comes 8 steps on
     plans = [capacity.plan(64, 3, 192) for _ in range(8)]
-    assert plans == [(0, None)] * 3 + [(192, 192)] + [(0, None)] * 3 + [(192, 192)]
-    assert capacity.plain == 6
+    assert plans == [(0, None)] * 7 + [(192, 192)]
+    capacity.observe(176, 192)
+    assert [capacity.plan(64, 3, 192) for _ in range(16)].count((0, None)) == 15  # then 16 on
+    capacity.observe(60, 192)  # this probe finds one tile enough: every step selects, and probes come 4 apart
+    assert capacity.plan(64, 3, 192) == (192, 64)
+    capacity.observe(175, 64)
+    assert [capacity.plan(64, 3, 192) for _ in range(4)] == [(0, None)] * 3 + [(192, 192)]
+    assert capacity.plain == 3 + 7 + 15 + 3
     capacity.observe(100, 192)  # 164 tokens: two tiles, as 256 are
     assert capacity.limit(64, 192) == 192
     capacity.observe(60, 192)  # 124 tokens: one tile

@@ -14,7 +14,9 @@ The row tile is where a verify's cost steps: on CUDA the GEMMs run in tiles of 1
 = 3 pruning 256 tokens to 239 saves nothing. When the capacity rounds up to the whole budget and there is
 nothing to choose between (no drafts beyond k), the step is a plain fixed-k one: no scoring, the padded
 verify. Such steps still need the floor's count now and then, so one in `probe_every` of them scores and
-selects.
+selects; a probe that finds the floor still keeps every draft doubles the interval (up to PROBE_MAX), and
+any step that may save a tile brings it back, so a pair whose floor never prunes pays for a probe about once
+in PROBE_MAX steps.
 
 Lossless: the capacity is a function of earlier steps only, never of this step's drafts, so it is one more
 budget fixed before the drafts are drawn (engine/tetris.py's argument holds for any such budget).
@@ -30,6 +32,7 @@ from minedraft.engine.ragged_graphs import token_grain
 
 CUDA_ROW_TILE = 128  # rows per GEMM tile of the verify's projections on CUDA (Hopper's 128-row wgmma tiles)
 PROBE_EVERY = 8  # of the steps that would keep every draft, one in this many scores to measure the floor's count
+PROBE_MAX = 64  # ... once probes keep finding nothing to prune, one in up to this many
 
 
 def row_tile(device: str) -> int:
@@ -54,6 +57,8 @@ class DraftCapacity:
     steps: int = 0  # steps that selected on the device
     plain: int = 0  # steps that kept every draft without scoring
     since_probe: int = 0
+    interval: int = 0  # steps between probes now (0: probe_every)
+    probing: tuple[int, int] | None = None  # (batch, budget) of a probe whose count is not observed yet
 
     def limit(self, batch: int, budget: int) -> int:
         """Drafts this step of `batch` rows may keep under `budget`: the last step's wanted count, rounded up so
@@ -72,12 +77,13 @@ class DraftCapacity:
             return 0, None
         capacity = self.limit(batch, budget)
         if self.wanted is None or capacity < budget or budget < width * batch:
+            self.interval = self.probe_every  # selection may pay again: probe at the first rate
             return budget, capacity
         self.since_probe += 1
-        if self.since_probe < self.probe_every:
+        if self.since_probe < (self.interval or self.probe_every):
             self.plain += 1
             return 0, None
-        self.since_probe = 0
+        self.since_probe, self.probing = 0, (batch, budget)
         return budget, capacity
 
     def observe(self, wanted: int, capacity: int) -> None:
@@ -85,6 +91,11 @@ class DraftCapacity:
         self.wanted = wanted
         self.steps += 1
         self.cuts += wanted > capacity
+        if self.probing is not None:  # nothing to prune still: probe half as often; else at the first rate
+            batch, budget = self.probing
+            interval = self.interval or self.probe_every
+            self.interval = min(2 * interval, PROBE_MAX) if self.limit(batch, budget) >= budget else self.probe_every
+            self.probing = None
 
     def settle(self, proposal: Proposal | None) -> None:
         """After a step's verdict was read: its device selection's counts onto the host (`Proposal.lengths`)
