@@ -59,7 +59,7 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                         help="queue the next PSD step on the device before this one's result is read back: the "
                              "verifier's next verify, the draft's next drafts from a verdict still on the device "
                              "(verifier/ and draft_service/launch_ahead.py); auto = on for a GPU (the verifier: a GPU, "
-                             "no tensor parallelism and a draft model; with an EAGLE head only when on) "
+                             "no tensor parallelism and a draft model; with an EAGLE head, either worker only when on) "
                              "[MINEDRAFT_LAUNCH_AHEAD]")
     parser.add_argument("--capture-batch", type=nonnegative, default=env("CAPTURE_BATCH", "0"),
                         help="on a GPU, capture at start-up the CUDA graph of every steady step of up to this many "
