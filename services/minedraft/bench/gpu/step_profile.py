@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-layers", type=int, default=4)
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--copy-gbps", type=float, default=0.0, help="the bound's bandwidth (0: measure the copy)")
+    p.add_argument("--blas", choices=("cublas", "cublaslt"), default="cublas",
+                   help="the library torch runs the bf16 projections through (bench/gpu/blas_choice.py)")
     add_step_table_flags(p)
     return p
 
@@ -159,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = Path(args.out)
+    if torch.cuda.is_available():
+        torch.backends.cuda.preferred_blas_library(args.blas)
     results = profile(StepConfig.from_args(args), lambda so_far: write(so_far, out))
     path = write(results, out)
     print(path.read_text())
