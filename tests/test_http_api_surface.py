@@ -192,7 +192,7 @@ def test_neutral_chat_fields_are_accepted(served: Served) -> None:
     fields = {"tool_choice": "none", "response_format": {"type": "text"}, "metadata": {"k": "v"}, "store": False,
               "service_tier": "auto", "user": "u", "reasoning_effort": "low", "parallel_tool_calls": True,
               "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "max_completion_tokens": 4,
-              "chat_template_kwargs": {"enable_thinking": False}}
+              "chat_template_kwargs": {"enable_thinking": False}, "ignore_eos": True}
     events = served.stream("/v1/chat/completions", messages=[{"role": "user", "content": "w5"}], **fields)
     assert events[-1]["usage"]["completion_tokens"] == 4
     assert all(e["usage"] is not None for e in events)  # continuous_usage_stats: on every chunk
