@@ -27,6 +27,7 @@ from typing import TypeVar
 
 import torch
 
+from minedraft.engine import blas_plan
 from minedraft.engine.staging import StagingRing
 
 log = logging.getLogger(__name__)
@@ -175,12 +176,14 @@ class GraphCache:
         device = self.device
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up: Triton compiles and autotunes outside the capture
-                step()
+        blas = blas_plan.plan()
+        with torch.cuda.stream(side), blas.choosing():  # warm-up: Triton compiles and autotunes outside the capture
+            step()  # meets each GEMM shape: the BLAS library is chosen for the new ones (engine/blas_plan.py)
+            blas.settle()
+            step()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with blas.choosing(), torch.cuda.graph(graph, pool=self.pool):
             out = step()
         self.pool = graph.pool()
         return graph, out

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from minedraft.engine.blas_plan import PLAN
 from minedraft.engine.config import RopeConfig
 from minedraft.engine.fp8_linear import fp8_linear, kernel_supported
 from minedraft.engine.fp8_weights import Fp8Weight, fuse_fp8, is_fp8, linear_weight
@@ -112,6 +113,9 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
         return fp8_linear(x, weight, bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    blas = PLAN
+    if blas.active:  # inside a CUDA graph's warm-up or capture (engine/blas_plan.py)
+        blas.apply(x, weight)
     return F.linear(x, weight, bias)
 
 

@@ -14,6 +14,7 @@ import torch
 from prometheus_client import start_http_server
 
 from minedraft.batch_manager.config import ManagerConfig
+from minedraft.engine.blas_plan import PLAN
 from minedraft.engine.loader import load_model, parse_dtype
 from minedraft.engine.model import CausalLM
 from minedraft.engine.runner import ModelRunner
@@ -48,6 +49,8 @@ def prepare_process(args: argparse.Namespace, name: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     select_device(args.device)
+    if args.device.startswith("cuda"):
+        PLAN.configure(args.blas)
 
 
 class ModelLoader(Protocol):

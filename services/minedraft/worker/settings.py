@@ -7,6 +7,7 @@ import os
 
 from minedraft.bundled import TINY_DRAFT, TINY_EAGLE, TINY_TARGET
 
+BLAS_MODES = ("auto", "cublas", "cublaslt")  # engine/blas_plan.py (this module stays free of torch)
 DRAFT_KINDS = ("model", "eagle")  # a draft model, or an EAGLE head (engine/eagle_pair.py)
 DRAIN_MARGIN_S = 10.0  # workers wait this much beyond the drain grace: the manager's preStop and shutdown
 
@@ -61,6 +62,11 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                              "(verifier/ and draft_service/launch_ahead.py); auto = on for a GPU (the verifier: a GPU, "
                              "no tensor parallelism and a draft model; with an EAGLE head, either worker only when on) "
                              "[MINEDRAFT_LAUNCH_AHEAD]")
+    parser.add_argument("--blas", choices=BLAS_MODES, default=env("BLAS", "auto"),
+                        help="the library of the half-precision projections on a GPU: auto = per GEMM shape of each "
+                             "CUDA graph, the faster of cuBLAS and cuBLASLt timed on this GPU as the graph is "
+                             "captured (eager steps: cuBLAS); cublas or cublaslt = that one everywhere "
+                             "[MINEDRAFT_BLAS]")
     parser.add_argument("--capture-batch", type=nonnegative, default=env("CAPTURE_BATCH", "0"),
                         help="on a GPU, capture at start-up the CUDA graph of every steady step of up to this many "
                              "sequences (the policy's max_num_seqs) instead of on first use, where each new shape "

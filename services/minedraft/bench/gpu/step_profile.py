@@ -27,6 +27,8 @@ from minedraft.bench.gpu.step_cells import Cell, CellDriver, measure_cell
 from minedraft.bench.gpu.step_report import MODES, report_lines
 from minedraft.bench.gpu.timing import ceilings, log
 from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic
+from minedraft.engine.blas_plan import MODES as BLAS_MODES
+from minedraft.engine.blas_plan import PLAN
 from minedraft.engine.cuda_graphs import GraphCache
 from minedraft.engine.drafter import Drafter
 from minedraft.engine.runner import ModelRunner
@@ -152,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-layers", type=int, default=4)
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--copy-gbps", type=float, default=0.0, help="the bound's bandwidth (0: measure the copy)")
-    p.add_argument("--blas", choices=("cublas", "cublaslt"), default="cublas",
-                   help="the library torch runs the bf16 projections through (bench/gpu/blas_choice.py)")
+    p.add_argument("--blas", choices=BLAS_MODES, default="auto",
+                   help="the library of the bf16 projections, as the workers' --blas (engine/blas_plan.py)")
     add_step_table_flags(p)
     return p
 
@@ -162,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = Path(args.out)
     if torch.cuda.is_available():
-        torch.backends.cuda.preferred_blas_library(args.blas)
+        PLAN.configure(args.blas)
     results = profile(StepConfig.from_args(args), lambda so_far: write(so_far, out))
+    results["blas"] = {"mode": args.blas, "choices": PLAN.table()}
     path = write(results, out)
     print(path.read_text())
     return 0 if results["rows"] else 1
