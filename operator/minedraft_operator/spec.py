@@ -55,14 +55,14 @@ class Worker:
     model: ModelSource
     dtype: str
     tp_size: int
-    tuning: dict[str, int]  # MINEDRAFT_* name -> value, only those set
+    tuning: dict[str, int | str]  # MINEDRAFT_* name -> value, only those set
     resources: dict[str, Any]
 
     @classmethod
     def parse(cls, role: str, raw: dict[str, Any], cpu_only: bool) -> Worker:
         tuning = {env: raw[key] for key, env in (("numBlocks", "NUM_BLOCKS"), ("blockSize", "BLOCK_SIZE"),
                                                  ("threads", "THREADS"), ("captureBatch", "CAPTURE_BATCH"),
-                                                 ("captureK", "CAPTURE_K")) if key in raw}
+                                                 ("captureK", "CAPTURE_K"), ("blas", "BLAS")) if key in raw}
         return cls(ModelSource.parse(role, raw["model"]), raw.get("dtype") or ("float32" if cpu_only else "bfloat16"),
                    raw.get("tensorParallelSize", 1), tuning, raw.get("resources", {}))
 

@@ -72,6 +72,7 @@ def cpu_pod_resource(ports: list[int]) -> dict[str, Any]:
     spec["images"]["bundledModelsDir"] = str(TINY_DRAFT.parent)
     spec["target"]["threads"] = spec["draft"]["threads"] = 1
     spec["target"]["captureBatch"] = 8  # no CUDA graphs on a CPU: the workers must take the flag and start alike
+    spec["draft"]["blas"] = "cublaslt"  # likewise: a GPU-only setting a CPU worker accepts and leaves alone
     spec["ports"] = dict(zip(("verifier", "draft", "tensorParallel", "dataPlane", "admin"), ports, strict=False))
     spec["service"] = {"grpcPort": ports[5], "httpPort": ports[6]}
     spec["auth"] = {"adminSecretRef": {"name": ADMIN_SECRET, "key": ADMIN_SECRET_KEY}}

@@ -117,6 +117,7 @@ MDD_INVALID = [
     ("dotdot in pvc path", _set("spec.target.model.pvc.path", "a/../../etc"), "must not contain '..'"),
     ("unknown field", _set("spec.target.speculate", True), "unknown field"),
     ("bad gpu mode", _set("spec.gpu.mode", "mig"), "is not one of"),
+    ("unknown blas", _set("spec.target.blas", "rocblas"), "is not one of"),
     ("bad shm size", _set("spec.sharedMemorySize", "lots"), "does not match"),
     ("no images", _drop("spec.images"), "'images' is a required property"),
     ("negative replicas", _set("spec.replicas", -1), "less than the minimum"),

@@ -80,6 +80,14 @@ def test_tensor_parallel_ranks_rendezvous_on_localhost(tp: int, gpu_mdd) -> None
     assert env(cs["draft"])["MINEDRAFT_CAPTURE_BATCH"] == "64"
 
 
+def test_blas_reaches_each_worker_that_sets_it(gpu_mdd) -> None:
+    gpu_mdd["spec"]["target"]["tensorParallelSize"] = 2
+    gpu_mdd["spec"]["target"]["blas"] = "cublaslt"
+    cs = containers(rendered(gpu_mdd))
+    assert {env(cs[name])["MINEDRAFT_BLAS"] for name in GPU_CONTAINERS_TP[2][:-1]} == {"cublaslt"}
+    assert "MINEDRAFT_BLAS" not in env(cs["draft"])  # unset: the worker's default, auto
+
+
 def test_a_stand_in_draft_loads_on_verifier_rank_0_only(gpu_mdd) -> None:
     cs = containers(rendered(gpu_mdd))
     assert "MINEDRAFT_COLOCATED_DRAFT" not in env(cs["verifier"])  # off by default
