@@ -20,7 +20,8 @@ import torch
 from tests.gpu.kernel_cases import make_cases
 from tests.gpu.kernel_mode import kernel_mode
 
-KERNEL_MODULES = ("minedraft.engine.cuda.paged_attention", "minedraft.engine.cuda.fused_kernels")
+KERNEL_MODULES = ("minedraft.engine.cuda.paged_attention", "minedraft.engine.cuda.fused_kernels",
+                  "minedraft.engine.cuda.greedy_verdict")
 
 
 def _patch_interpreter_scalar_index() -> None:

@@ -26,6 +26,30 @@ class Verdict:
     tokens: torch.Tensor  # [B, k+1], padded with -1
     counts: torch.Tensor  # [B], in 1..k+1
     accepted: torch.Tensor  # [B], accepted draft tokens (counts - 1)
+    packed: torch.Tensor | None = None  # [B, k+2]: accepted, then tokens (both views of it), as read back
+
+
+def _packed(tokens: torch.Tensor, n_acc: torch.Tensor) -> Verdict:
+    packed = torch.cat((n_acc.unsqueeze(1), tokens), dim=1)
+    return Verdict(tokens=packed[:, 1:], counts=n_acc + 1, accepted=packed[:, 0], packed=packed)
+
+
+def _greedy(target_argmax: torch.Tensor, accept: torch.Tensor, slot: torch.Tensor) -> Verdict:
+    """Every kept draft equals the target's argmax at its slot, and the token after them is the argmax too:
+    the verdict is the argmax row cut after the first disagreement (on CUDA one kernel:
+    engine/cuda/greedy_verdict.py)."""
+    n_acc = _first_rejection(accept)
+    return _packed(torch.where(slot <= n_acc.unsqueeze(1), target_argmax, -1), n_acc)
+
+
+def _greedy_on_cuda(target_argmax: torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor | None
+                    ) -> Verdict | None:
+    try:
+        from minedraft.engine.cuda.greedy_verdict import greedy_verdict_triton
+    except ImportError:  # no triton: the torch path
+        return None
+    packed, counts = greedy_verdict_triton(target_argmax, drafts, lengths)
+    return Verdict(tokens=packed[:, 1:], counts=counts, accepted=packed[:, 0], packed=packed)
 
 
 def _first_rejection(accept: torch.Tensor) -> torch.Tensor:
@@ -39,29 +63,30 @@ def verify_drafts(
     target_probs: torch.Tensor,
     target_logits: torch.Tensor,
     sampling: BatchSampling,
-    positions: torch.Tensor,
+    positions: torch.Tensor | None,
     lengths: torch.Tensor | None = None,
 ) -> Verdict:
     """Judge drafts [B, k] against target distributions [B, k+1, V].
 
     positions [B, k+1] are the sequence positions the k+1 output slots would occupy; they
-    key the per-request random draws. draft_probs [B, k, V] may be None when every row
-    is greedy. lengths [B] (None: every row k) bound how many drafts each row has verified; target
-    slot lengths[b] must hold the distribution after those drafts (left-aligned rows).
+    key the per-request random draws (None when every row is greedy: nothing is drawn).
+    draft_probs [B, k, V] may be None when every row is greedy. lengths [B] (None: every row k)
+    bound how many drafts each row has verified; target slot lengths[b] must hold the
+    distribution after those drafts (left-aligned rows).
     """
     batch, k = draft_tokens.shape
     target_argmax = target_logits.argmax(dim=-1)  # [B, k+1]
+    on_cuda = sampling.all_greedy and target_argmax.is_cuda
+    if on_cuda and (verdict := _greedy_on_cuda(target_argmax, draft_tokens, lengths)) is not None:
+        return verdict
     accept = draft_tokens == target_argmax[:, :k]
     slot = torch.arange(k + 1, device=draft_tokens.device).unsqueeze(0)
     if lengths is not None:
         accept &= slot[:, :k] < lengths.unsqueeze(1)
     if sampling.all_greedy:
-        # Every kept draft equals the target's argmax at its slot, and the token after them is the
-        # argmax too: the verdict is the argmax row cut after the first disagreement.
-        n_acc = _first_rejection(accept)
-        tokens = torch.where(slot <= n_acc.unsqueeze(1), target_argmax, -1)
-        return Verdict(tokens=tokens, counts=n_acc + 1, accepted=n_acc)
+        return _greedy(target_argmax, accept, slot)
     greedy = sampling.greedy
+    assert positions is not None, "sampled rows need their positions"
     if draft_probs is not None:
         idx = draft_tokens.clamp(min=0).unsqueeze(-1)  # pruned slots (-1) are never accepted
         p_x = target_probs[:, :k].gather(-1, idx).squeeze(-1).double()
@@ -91,4 +116,4 @@ def verify_drafts(
     padded_drafts = torch.cat((draft_tokens, pad), dim=1)
     tokens = torch.where(slot < n_acc.unsqueeze(1), padded_drafts, torch.full_like(padded_drafts, -1))
     tokens = torch.where(slot == n_acc.unsqueeze(1), final.unsqueeze(1), tokens)
-    return Verdict(tokens=tokens, counts=n_acc + 1, accepted=n_acc)
+    return _packed(tokens, n_acc)

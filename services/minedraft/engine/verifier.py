@@ -123,8 +123,10 @@ class Verifier(SequenceHost):
             processed = mask_logits(processed, grammar_rows, self.grammars.verify_masks(seq_ids, grammar_rows,
                                                                                         drafts_host))
         sampling = self.sampling(seq_ids)
-        lengths = self.runner.to_device(torch.tensor([st.length for st in states], dtype=torch.long))
-        positions = lengths.unsqueeze(1) + torch.arange(k + 1, device=device)
+        positions = None  # the slots' sequence positions key the random draws: greedy rows draw nothing
+        if not sampling.all_greedy:
+            lengths = self.runner.to_device(torch.tensor([st.length for st in states], dtype=torch.long))
+            positions = lengths.unsqueeze(1) + torch.arange(k + 1, device=device)
         target_probs = processed if sampling.all_greedy else processed_probs(processed, sampling)
         if draft_probs is not None:
             draft_probs = draft_probs.to(device)
@@ -175,8 +177,10 @@ class Verifier(SequenceHost):
         `judge` that made it in others) right behind it; `started`: where the verify began on the stream, for
         the readback's device time."""
         logprobs, self._pending_logprobs = self._pending_logprobs, None
-        out = VerdictReadback(Readback(torch.cat((verdict.accepted.unsqueeze(1), verdict.tokens), dim=1), started),
-                              logprobs)
+        packed = verdict.packed
+        if packed is None:
+            packed = torch.cat((verdict.accepted.unsqueeze(1), verdict.tokens), dim=1)
+        out = VerdictReadback(Readback(packed, started), logprobs)
         if logprobs is not None:
             if logprobs.packed is not None:
                 out.logprob_host = Readback(logprobs.packed)

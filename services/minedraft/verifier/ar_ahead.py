@@ -74,7 +74,8 @@ def decode_after(worker: Verifier, ids: list[int], tokens: torch.Tensor) -> Verd
     starts = [st.length for st in states]
     logits = runner.forward_ids(ids, tokens, starts, [1] * len(ids), last_n=1)
     sampling = worker.sampling(ids)
-    positions = runner.to_device(torch.tensor([n + 1 for n in starts], dtype=torch.long)).unsqueeze(1)
+    positions = (None if sampling.all_greedy else
+                 runner.to_device(torch.tensor([n + 1 for n in starts], dtype=torch.long)).unsqueeze(1))
     target_probs = logits if sampling.all_greedy else processed_probs(logits, sampling)
     drafts = torch.zeros((len(ids), 0), dtype=torch.long, device=runner.device)
     return verify_drafts(drafts, None, target_probs, logits, sampling, positions)
