@@ -4,7 +4,10 @@ Cells (step_report.MODES): "ar" and "verify" run the verifier service's own exec
 (`VerifierExecutor.handle_plan`: plan membership, the judge, the verdict's readback and commit, the
 event) on plans of one-token decodes or of k fixed drafts per row; "draft" has the draft model propose
 k tokens (its drafts read back, then committed as all accepted); "fused" is SD colocated, one plan per
-cycle that verifies the last drafts and drafts again on the verifier's own draft model.
+cycle that verifies the last drafts and drafts again on the verifier's own draft model; "psd" is the verifier
+of PSD m+m: plans verify two batches of m in turn, each plan's draft batch the other, the drafts arriving over a
+link that always has them (loopback_plane.py), so the executor queues each verify before reading the previous
+one back, as it does in PSD.
 
 Each cell runs rounds of three blocks of steps (clean, instrumented, GPU-alone; the order reversed every
 other round, so each kind sees the same contexts on average):
@@ -25,6 +28,7 @@ from typing import Any
 
 import torch
 
+from minedraft.bench.gpu.loopback_plane import LoopbackDrafts
 from minedraft.bench.gpu.phase_clock import OTHER, Hook, Patches, PhaseClock
 from minedraft.bench.gpu.step_report import ModelBytes, bound_ms, compute_ms, draft_bytes, step_flops
 from minedraft.core.sampling_params import SamplingParams
@@ -48,8 +52,12 @@ from minedraft.worker.data_frames import DraftPayload
 @dataclass(frozen=True, slots=True)
 class Cell:
     mode: str  # step_report.MODES
-    batch: int
+    batch: int  # sequences per step (psd: per batch; the cell holds two)
     k: int = 0
+
+    @property
+    def sequences(self) -> int:
+        return 2 * self.batch if self.mode == "psd" else self.batch
 
 
 def model_bytes(runner: ModelRunner) -> ModelBytes:
@@ -156,7 +164,9 @@ class CellDriver:
     def __init__(self, verifier: Verifier, drafter: Drafter | None, cell: Cell, first_id: int,
                  prompts: list[list[int]]) -> None:
         self.cell, self.verifier, self.drafter = cell, verifier, drafter
-        self.ids = list(range(first_id, first_id + cell.batch))
+        self.ids = list(range(first_id, first_id + cell.sequences))
+        half = cell.batch
+        self.batches = [self.ids[:half], self.ids[half:]] if cell.mode == "psd" else [self.ids]
         self.prompts = prompts
         self.target_bytes = model_bytes(verifier.runner)
         self.draft_bytes = model_bytes(drafter.runner) if drafter is not None else None
@@ -168,19 +178,32 @@ class CellDriver:
             self.executor = VerifierExecutor(verifier, None, "", 0, colocated=colocated,  # type: ignore[arg-type]
                                              launch_ahead=True)  # as a verifier on one GPU runs (auto)
             self.executor.upcoming = lambda: self.plan(False) if self.ahead else None
+        self.handled: control_pb2.StepPlan | None = None  # the plan the executor is handling
+        device = verifier.runner.device
         if cell.mode == "verify":
             vocab = verifier.vocab_size
-            drafts = torch.randint(3, vocab, (cell.batch, cell.k), device=verifier.runner.device)
+            drafts = torch.randint(3, vocab, (cell.batch, cell.k), device=device)
             self.executor._receive_drafts = (  # type: ignore[method-assign, union-attr]
                 lambda timing, here: DraftPayload(self.step_no, self.ids, drafts, None))
+        if cell.mode == "psd":
+            assert self.executor is not None
+            per_batch = {tuple(b): torch.randint(3, verifier.vocab_size, (len(b), cell.k), device=device)
+                         for b in self.batches}
+            self.executor.plane = LoopbackDrafts(per_batch, self._handled, device)  # type: ignore[assignment]
+
+    def _handled(self) -> control_pb2.StepPlan:
+        assert self.handled is not None
+        return self.handled
 
     def plan(self, first: bool) -> control_pb2.StepPlan:
-        mode, ids = self.cell.mode, self.ids
-        plan = control_pb2.StepPlan(step=self.step_no, verify_batch=ids, k=self.cell.k,
-                                    with_drafts=mode in ("verify", "fused"), draft_here=mode == "fused",
-                                    draft_batch=ids if mode == "fused" else [])
+        mode, step = self.cell.mode, self.step_no
+        ids = self.batches[step % len(self.batches)]
+        drafted = {"fused": ids, "psd": self.batches[(step + 1) % len(self.batches)]}.get(mode, [])
+        plan = control_pb2.StepPlan(step=step, verify_batch=ids, k=self.cell.k,
+                                    with_drafts=mode in ("verify", "fused", "psd"), draft_here=mode == "fused",
+                                    draft_batch=drafted)
         if first:
-            plan.add.extend(greedy_spec(s, p) for s, p in zip(ids, self.prompts, strict=True))
+            plan.add.extend(greedy_spec(s, p) for s, p in zip(self.ids, self.prompts, strict=True))
         return plan
 
     def setup(self) -> None:
@@ -191,10 +214,12 @@ class CellDriver:
             self.step()
         else:
             self._run_plan(first=True)
+            for _ in self.batches[1:]:  # PSD: the other batch's prefill, so every timed plan is steady
+                self._run_plan()
 
     def _run_plan(self, first: bool = False) -> None:
         assert self.executor is not None
-        plan = self.plan(first)
+        plan = self.handled = self.plan(first)
         self.step_no += 1
         self.executor.handle_plan(plan)
 
@@ -212,7 +237,8 @@ class CellDriver:
             return draft_bytes(self.draft_bytes, lengths, k)
         seqs = self.verifier.seqs
         width = 1 if mode == "ar" else k + 1
-        total = self.target_bytes.forward(seqs[s].cached + width for s in self.ids)
+        verified = self.batches[self.step_no % len(self.batches)]
+        total = self.target_bytes.forward(seqs[s].cached + width for s in verified)
         self._run_plan()
         if mode == "fused":
             assert self.drafter is not None and self.draft_bytes is not None

@@ -66,8 +66,8 @@ class StepConfig:
                    getattr(args, "device", "cuda:0"), getattr(args, "copy_gbps", 0.0))
 
     def cells(self) -> list[Cell]:
-        """AR first, then per k the verify, the fused cycle and the draft (a deadline cuts the last)."""
-        order = [m for m in ("ar", "verify", "fused", "draft") if m in self.modes]
+        """AR first, then per k the verify, PSD's verify, the fused cycle and the draft (a deadline cuts the last)."""
+        order = [m for m in ("ar", "verify", "psd", "fused", "draft") if m in self.modes]
         out = [Cell("ar", b, 0) for b in self.batches] if "ar" in order else []
         for k in self.ks:
             out += [Cell(mode, b, k) for mode in order if mode != "ar" for b in self.batches]
@@ -84,7 +84,7 @@ def load(cfg: StepConfig, role: str, weights: str) -> torch.nn.Module:
 
 def prompts(cfg: StepConfig, vocab: int) -> list[list[int]]:
     rng = random.Random(11)
-    return [[rng.randrange(3, vocab) for _ in range(cfg.context)] for _ in range(max(cfg.batches))]
+    return [[rng.randrange(3, vocab) for _ in range(cfg.context)] for _ in range(2 * max(cfg.batches))]
 
 
 def capture(runner: ModelRunner, batches: Iterable[int], widths: Iterable[int], scoring: bool) -> int:
@@ -124,7 +124,7 @@ def profile(cfg: StepConfig, saved: Callable[[dict], None] | None = None) -> dic
         verifier, drafter = engine_pair(cfg, weights, needs_draft)
         batch_prompts = prompts(cfg, verifier.vocab_size)
         for i, cell in enumerate(cells):
-            driver = CellDriver(verifier, drafter, cell, 1000 * (i + 1), batch_prompts[: cell.batch])
+            driver = CellDriver(verifier, drafter, cell, 1000 * (i + 1), batch_prompts[: cell.sequences])
             row = measure_cell(driver, copy, cfg.rounds, cfg.steps, matmul_TFLOPs=rate if weights == "bf16" else 0.0)
             row["weights"] = weights
             results["rows"].append(row)

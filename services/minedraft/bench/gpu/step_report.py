@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-MODES = ("ar", "verify", "draft", "fused")
-MODE_LABELS = {"ar": "AR", "verify": "SD verify", "draft": "draft (k steps)", "fused": "SD colocated fused"}
+MODES = ("ar", "verify", "psd", "draft", "fused")
+MODE_LABELS = {"ar": "AR", "verify": "SD verify", "psd": "PSD verify (launched ahead)", "draft": "draft (k steps)",
+               "fused": "SD colocated fused"}
 PHASES = ("plan decode", "block tables", "sampling tensors", "input copies", "graph replay", "eager launches",
           "readback queue", "readback wait", "commit", "other")
 WAIT = "readback wait"
