@@ -20,9 +20,9 @@ import torch
 from torch.nn import functional as F
 
 from minedraft.bench.fp8_quantizer import quantize_model
+from minedraft.bench.gpu.blocked_gpu import BlockedGpu
 from minedraft.bench.gpu.fp8_space import shapes_8b
 from minedraft.bench.gpu.fp8_tune import fp8_bytes, graph_us, rotated_weights
-from minedraft.bench.gpu.step_cells import BlockedGpu
 from minedraft.bench.gpu.timing import ceilings, log
 from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic
 from minedraft.engine.runner import ModelRunner
