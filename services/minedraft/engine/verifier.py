@@ -189,9 +189,12 @@ class Verifier(SequenceHost):
 
     def commit(self, seq_ids: list[int], readback: VerdictReadback, hold: int = 0
                ) -> tuple[list[list[int]], list[int]]:
-        """Wait for the verdict, append each row's tokens and drop the KV of rejected drafts, keeping the blocks
-        of `hold` positions past the committed ones (a step launched ahead writes them: verifier/ar_ahead.py).
-        Returns the rows (k+1 wide, -1 padded) and the accepted counts."""
+        """Wait for the verdict, append each row's tokens and drop the KV blocks of rejected drafts, keeping the
+        blocks of `hold` positions past the committed ones (a step launched ahead writes them: verifier/ar_ahead.py)
+        and at least those the next step of the same width writes: releasing a block that the next verify
+        allocates again would churn the allocator and rewrite the block-table rows every few steps (the stale KV
+        in a kept block is overwritten before any query reads it). Returns the rows (k+1 wide, -1 padded) and the
+        accepted counts."""
         packed = readback.tolist()
         rows = [p[1:] for p in packed]
         accepted = [p[0] for p in packed]
@@ -200,7 +203,7 @@ class Verifier(SequenceHost):
             st = self.seqs[seq_id]
             st.cached = st.length + n
             st.tokens.extend(row[: n + 1])
-            self.runner.truncate(seq_id, st.cached + hold)
+            self.runner.truncate(seq_id, st.cached + max(hold, len(row)))
             self.prefix.publish(st)
             self.grammars.commit(seq_id, row[: n + 1])
         return rows, accepted
