@@ -3,7 +3,8 @@
 A graph is captured per (batch bucket, query width, logits width) on first use, over
 static input buffers; a smaller batch is padded to its bucket with zero-length rows,
 which write no KV and whose logits are dropped. Logits are copied out of the graph's
-buffer so the next replay cannot overwrite what a caller still holds.
+buffer so the next replay cannot overwrite what a caller still holds; a plain step's buffer holds them in
+the head's dtype and the copy widens them to float32.
 
 A capture costs tens of milliseconds on an 8B model, so a step that meets a new shape is that much
 slower: `capture_ms` counts it (workers report it per step, and adaptive k must not take such a step
@@ -113,8 +114,9 @@ class GraphCache:
         self, ids: torch.Tensor, starts: list[int] | torch.Tensor, query_lens: list[int] | torch.Tensor,
         tables: torch.Tensor, last_n: int, table_revision: int | None = None,
     ) -> torch.Tensor:
-        """The logits [B, last_n, V] of the step `launch` replays, copied out of the graph's buffer."""
-        return self.launch(ids, starts, query_lens, tables, last_n, table_revision).logits[: ids.shape[0]].clone()
+        """The float32 logits [B, last_n, V] of the step `launch` replays, copied out of the graph's buffer."""
+        logits = self.launch(ids, starts, query_lens, tables, last_n, table_revision).logits[: ids.shape[0]]
+        return logits.clone() if logits.dtype == torch.float32 else logits.float()
 
     def launch(
         self, ids: torch.Tensor, starts: list[int] | torch.Tensor, query_lens: list[int] | torch.Tensor,

@@ -220,6 +220,9 @@ class CausalLM(nn.Module):
         self.head_weight = gemm_weight(self.lm_head.weight)
         return self
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, widen: bool = True) -> torch.Tensor:
+        """The head's logits, in float32 (`widen`) or in the weights' dtype (a CUDA graph's buffer, widened as it
+        is copied out: engine/cuda_graphs.py)."""
         assert self.head_weight is not None, "fuse_projections() first"
-        return linear(hidden, self.head_weight).float()
+        out = linear(hidden, self.head_weight)
+        return out.float() if widen else out

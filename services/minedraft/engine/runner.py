@@ -152,8 +152,12 @@ class ModelRunner:
 
     def graph_step(self, ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor, tables: torch.Tensor,
                    last_n: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """What a fixed-width graph captures: `run`, or a subclass's step with outputs beyond the logits."""
-        return self.run(ids, starts, query_lens, tables, last_n)
+        """What a fixed-width graph captures: `run` with its logits left in the head's dtype (the copy out of the
+        graph widens them, so the step makes one pass over the logits instead of a widening pass and a copy), or
+        a subclass's own step (its run, or outputs beyond the logits)."""
+        if type(self).run is not ModelRunner.run:
+            return self.run(ids, starts, query_lens, tables, last_n)
+        return self._step(ids, starts, query_lens, tables, last_n, widen=False)
 
     @torch.inference_mode()
     def run(
@@ -164,11 +168,16 @@ class ModelRunner:
         block_tables: torch.Tensor,
         last_n: int,
     ) -> torch.Tensor:
-        """The model step on device tensors only (what a CUDA graph captures)."""
+        """The model step on device tensors only: float32 logits [B, last_n, V]."""
+        return self._step(ids, starts, query_lens, block_tables, last_n, widen=True)
+
+    @torch.inference_mode()
+    def _step(self, ids: torch.Tensor, starts: torch.Tensor, query_lens: torch.Tensor, block_tables: torch.Tensor,
+              last_n: int, widen: bool) -> torch.Tensor:
         meta = build_metadata(starts, query_lens, ids.shape[1], block_tables, self.cache.block_size,
                               self.config.sliding_window, self.backend)
         pick = (query_lens.unsqueeze(1) - last_n + torch.arange(last_n, device=ids.device)).clamp(min=0)
-        return self.model.logits(self.model(ids, meta, self.cache.layers, pick))
+        return self.model.logits(self.model(ids, meta, self.cache.layers, pick), widen)
 
     def take_hidden(self, seq_ids: list[int]) -> HiddenRows | None:
         """The hidden states an EAGLE head needs for these sequences (engine/hidden_capture.py); a plain
