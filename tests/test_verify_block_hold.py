@@ -51,3 +51,32 @@ def test_rejected_drafts_keep_the_next_verifys_blocks_and_change_no_token(random
     assert sd.seqs[1].tokens == ar.seqs[1].tokens[: len(sd.seqs[1].tokens)]  # exact despite the stale KV
     sd.remove(1)
     assert alloc.num_free == free_at_start
+
+
+def test_the_drafter_keeps_its_next_proposals_blocks_and_drafts_as_from_scratch(random_pair: tuple[Path, Path]) -> None:
+    from minedraft.engine.drafter import Drafter
+
+    _, draft = random_pair
+    drafter = Drafter(ModelRunner(load_model(draft), 64, BLOCK))
+    fresh = Drafter(ModelRunner(load_model(draft), 64, BLOCK))
+    alloc = drafter.runner.allocator
+    free_at_start = alloc.num_free
+    drafter.add(1, [5, 9, 2, 40, 7, 11], greedy())
+    gen = torch.Generator().manual_seed(4)
+    churn = 0
+    for step in range(10):
+        proposal = drafter.propose([1], K)
+        tokens = proposal.tokens[0].tolist()
+        fresh.add(100 + step, list(drafter.seqs[1].tokens), greedy())  # the same history, no KV before it
+        assert fresh.propose([100 + step], K).tokens[0].tolist() == tokens
+        fresh.remove(100 + step)
+        before = list(alloc.table(1))
+        accepted = int(torch.randint(0, K + 1, (1,), generator=gen))
+        bonus = int(torch.randint(0, drafter.vocab_size, (1,), generator=gen))
+        drafter.commit(1, tokens[:accepted] + [bonus], accepted)
+        after = alloc.table(1)
+        assert len(after) == alloc.blocks_for(drafter.seqs[1].length + K - 1) or after == before
+        churn += len(after) < len(before)
+    assert churn == 0
+    drafter.remove(1)
+    assert alloc.num_free == free_at_start

@@ -43,6 +43,7 @@ class Drafter(SequenceHost):
     by TETRIS are rolled back like rejected ones: the verdict never accepts past a row's length)."""
 
     scoring = False  # also score each drafted slot for TETRIS selection (engine/tetris.py)
+    window = 0  # the k of the last proposal: a commit keeps the KV blocks the next one of that k writes
 
     def propose(self, seq_ids: list[int], k: int) -> Proposal:
         """Run k draft forwards: the first feeds every uncached committed token, then one each."""
@@ -51,7 +52,8 @@ class Drafter(SequenceHost):
             # Drafts of an earlier proposal that was never judged (a mode change or a drain
             # dropped it) are stale: feed at least the last committed token again.
             st.cached = min(st.cached, st.length - 1)
-            self.runner.truncate(st.seq_id, st.cached)
+            self.runner.truncate(st.seq_id, max(st.cached, st.length + k - 1))  # the blocks it reserves below stay
+        self.window = k
         lengths = self.runner.to_device(torch.tensor([st.length for st in states], dtype=torch.long))
         feed = [st.uncached() for st in states]
         reserve = [st.length + k - 1 for st in states]  # every feed's blocks at once: one table update
@@ -99,11 +101,13 @@ class Drafter(SequenceHost):
 
     def commit(self, seq_id: int, new_tokens: list[int], accepted: int,
                hidden: tuple[int, torch.Tensor] | None = None) -> None:
-        """Append the verifier's tokens; keep KV only for drafts that were accepted. `hidden`, the target's
-        states from a given position (engine/hidden_rows.py), is for an EAGLE head; a draft model needs none."""
+        """Append the verifier's tokens; keep KV only for drafts that were accepted (the blocks of the positions the
+        next proposal of the same k writes stay: releasing them would have that proposal take them again, churning
+        the allocator and the block table). `hidden`, the target's states from a given position
+        (engine/hidden_rows.py), is for an EAGLE head; a draft model needs none."""
         st = self.seqs[seq_id]
         st.cached = min(st.cached, st.length + accepted)
         st.tokens.extend(new_tokens)
-        self.runner.truncate(seq_id, st.cached)
+        self.runner.truncate(seq_id, max(st.cached, st.length + self.window - 1) if self.window else st.cached)
         self.prefix.publish(st)
         self.grammars.commit(seq_id, new_tokens)
