@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from minedraft.core.sampling_params import SamplingParams
-from minedraft.engine.drafter import Proposal
+from minedraft.engine.drafter import Drafter, Proposal
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.verifier import Verifier
@@ -18,19 +18,25 @@ K = 3
 BLOCK = 4
 
 
+PROMPT = [5, 9, 2, 40, 7, 11]
+
+
 def greedy() -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=1 << 10, ignore_eos=True)
 
 
+def pair(cls: type, folder: Path) -> tuple:
+    """The host under test holding sequence 1 (with the free-block count before it), and a second one."""
+    tested, other = cls(ModelRunner(load_model(folder), 64, BLOCK)), cls(ModelRunner(load_model(folder), 64, BLOCK))
+    free = tested.runner.allocator.num_free
+    tested.add(1, list(PROMPT), greedy())
+    return tested, other, free
+
+
 def test_rejected_drafts_keep_the_next_verifys_blocks_and_change_no_token(random_pair: tuple[Path, Path]) -> None:
-    target, _ = random_pair
-    sd = Verifier(ModelRunner(load_model(target), 64, BLOCK))
-    ar = Verifier(ModelRunner(load_model(target), 64, BLOCK))
+    sd, ar, free_at_start = pair(Verifier, random_pair[0])
     alloc = sd.runner.allocator
-    free_at_start = alloc.num_free
-    prompt = [5, 9, 2, 40, 7, 11]
-    sd.add(1, list(prompt), greedy())
-    ar.add(1, list(prompt), greedy())
+    ar.add(1, list(PROMPT), greedy())
     sd.verify([1], None)  # the prefill emits the first token
     gen = torch.Generator().manual_seed(3)
     grown, churn = 0, 0
@@ -54,14 +60,8 @@ def test_rejected_drafts_keep_the_next_verifys_blocks_and_change_no_token(random
 
 
 def test_the_drafter_keeps_its_next_proposals_blocks_and_drafts_as_from_scratch(random_pair: tuple[Path, Path]) -> None:
-    from minedraft.engine.drafter import Drafter
-
-    _, draft = random_pair
-    drafter = Drafter(ModelRunner(load_model(draft), 64, BLOCK))
-    fresh = Drafter(ModelRunner(load_model(draft), 64, BLOCK))
+    drafter, fresh, free_at_start = pair(Drafter, random_pair[1])
     alloc = drafter.runner.allocator
-    free_at_start = alloc.num_free
-    drafter.add(1, [5, 9, 2, 40, 7, 11], greedy())
     gen = torch.Generator().manual_seed(4)
     churn = 0
     for step in range(10):
@@ -73,7 +73,7 @@ def test_the_drafter_keeps_its_next_proposals_blocks_and_drafts_as_from_scratch(
         before = list(alloc.table(1))
         accepted = int(torch.randint(0, K + 1, (1,), generator=gen))
         bonus = int(torch.randint(0, drafter.vocab_size, (1,), generator=gen))
-        drafter.commit(1, tokens[:accepted] + [bonus], accepted)
+        drafter.commit(1, [*tokens[:accepted], bonus], accepted)
         after = alloc.table(1)
         assert len(after) == alloc.blocks_for(drafter.seqs[1].length + K - 1) or after == before
         churn += len(after) < len(before)
