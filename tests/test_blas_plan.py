@@ -33,8 +33,9 @@ class Recorder:
             return 1.0
         return 0.9 if (out, rows) == (N_FAST, 4) else 1.0 - MARGIN / 2
 
-    def plan(self) -> BlasPlan:
-        return BlasPlan(mode="auto", time_fn=self.time, set_fn=self.set.append, device_types=("cpu",))
+    def plan(self, extra: Sequence[str] = ()) -> BlasPlan:
+        return BlasPlan(mode="auto", time_fn=self.time, set_fn=self.set.append, device_types=("cpu",),
+                        extra_fn=lambda rows, dtype: extra)
 
 
 def weights(out: int, layers_: int) -> list[torch.Tensor]:
@@ -63,8 +64,10 @@ def test_a_capture_times_each_new_shape_over_its_layers_and_keeps_the_faster() -
         assert run_layers(plan, 4, fast, tie) == ["cublaslt", "cublas"] * 3  # the tie stays with cuBLAS
     assert plan.current == "cublas" and rec.set[-1] == "cublas"  # eager work after the capture: torch's default
     assert plan.table() == [
-        {"rows": 4, "out": N_FAST, "in": K, "cublas_us": 1000.0, "cublaslt_us": 900.0, "library": "cublaslt"},
-        {"rows": 4, "out": N_TIE, "in": K, "cublas_us": 1000.0, "cublaslt_us": 995.0, "library": "cublas"}]
+        {"rows": 4, "out": N_FAST, "in": K, "cublas_us": 1000.0, "cublaslt_us": 900.0, "triton_us": None,
+         "triton": None, "library": "cublaslt"},
+        {"rows": 4, "out": N_TIE, "in": K, "cublas_us": 1000.0, "cublaslt_us": 995.0, "triton_us": None,
+         "triton": None, "library": "cublas"}]
 
 
 def test_each_row_count_is_its_own_choice_and_nothing_is_timed_twice() -> None:
@@ -123,3 +126,68 @@ def test_the_workers_flag_offers_the_plans_modes() -> None:
     from minedraft.engine.blas_plan import MODES
 
     assert BLAS_MODES == MODES
+
+
+class TritonRecorder(Recorder):
+    """As Recorder, with two Triton configs: `triton:b` 20% faster than cuBLAS for N_TIE, `triton:a` within
+    the margin everywhere."""
+
+    def time(self, library: str, rows: int, weights: Sequence[torch.Tensor]) -> float:
+        if not library.startswith("triton:"):
+            return super().time(library, rows, weights)
+        self.timed.append((library, rows, weights[0].shape[0], len(weights)))
+        return 0.8 if (library, weights[0].shape[0]) == ("triton:b", N_TIE) else 1.0 - MARGIN / 2
+
+
+def test_a_triton_config_is_kept_where_it_beats_cublas_by_the_margin() -> None:
+    rec = TritonRecorder()
+    plan = rec.plan(extra=("triton:a", "triton:b"))
+    fast, tie = weights(N_FAST, 2), weights(N_TIE, 2)
+    x = torch.randn(4, K, dtype=torch.bfloat16)
+    with plan.choosing():
+        assert plan.apply(x, fast[0]) is None and plan.apply(x, tie[0]) is None  # nothing chosen yet
+        plan.settle()
+        assert sorted(rec.timed) == sorted((c, 4, n, 1) for c in ("cublas", "cublaslt", "triton:a", "triton:b")
+                                           for n in (N_FAST, N_TIE))
+        rec.set.clear()
+        assert plan.apply(x, fast[0]) is None and plan.current == "cublaslt"
+        assert plan.apply(x, tie[0]) == "triton:b"  # the caller runs the kernel; the library is left as it is
+        assert plan.current == "cublaslt" and rec.set == ["cublaslt"]
+        assert plan.apply(x, tie[0].t().contiguous().t()) is None  # a strided weight of the shape: cuBLAS
+        assert plan.current == "cublas"
+    rows = {r["out"]: r for r in plan.table()}
+    assert rows[N_TIE]["library"] == "triton:b" and rows[N_TIE]["triton"] == "b" and rows[N_TIE]["triton_us"] == 800.0
+    assert rows[N_FAST]["library"] == "cublaslt" and rows[N_FAST]["triton_us"] == 995.0
+
+
+def test_the_engines_linear_runs_a_triton_choice_through_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    rec = TritonRecorder()
+    plan = rec.plan(extra=("triton:b",))
+    monkeypatch.setattr(layers, "PLAN", plan)
+    ran = []
+
+    def kernel(choice: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ran.append(choice)
+        return torch.nn.functional.linear(x, weight, bias) + 1.0
+
+    monkeypatch.setattr(layers, "triton_linear", kernel)
+    weight, x = weights(N_TIE, 1)[0], torch.randn(4, K, dtype=torch.bfloat16)
+    with plan.choosing():
+        layers.linear(x, weight)
+        plan.settle()
+        got = layers.linear(x, weight)
+    assert ran == ["triton:b"]
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight) + 1.0)
+    assert layers.linear(x, weight).equal(torch.nn.functional.linear(x, weight))  # eager: F.linear
+
+
+def test_the_triton_candidates_are_the_kernels_shortlist() -> None:
+    pytest.importorskip("triton")
+    from minedraft.engine.blas_plan import skinny_config, triton_choices
+    from minedraft.engine.cuda.skinny_gemm import MAX_ROWS
+
+    one, five = triton_choices(1, torch.bfloat16), triton_choices(5, torch.bfloat16)
+    assert one and all(skinny_config(c).form == "fma" for c in one)
+    assert five and all(skinny_config(c).block_m == 16 for c in five)
+    assert all(skinny_config(c).block_m == 64 for c in triton_choices(MAX_ROWS, torch.bfloat16))
+    assert triton_choices(MAX_ROWS + 1, torch.bfloat16) == [] and skinny_config("cublas") is None

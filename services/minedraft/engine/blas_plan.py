@@ -14,6 +14,11 @@ a real step, rather than one weight sitting in L2) and keeps cuBLASLt only where
 the second warm-up and the capture run with the choices. Eager steps keep torch's default. `cublas` and
 `cublaslt` set the library for the whole process instead. Choices near a tie may differ between two
 processes (their timings differ), which changes rounding, never which tokens a step's rule accepts.
+
+In mode auto a shape of at most 64 rows also has the few-row Triton GEMM's shortlisted configs as
+candidates (`engine/cuda/skinny_gemm.py`: one kernel where cuBLAS splits K into two, narrower tiles that
+fill the GPU at one row); a choice `triton:<config>` makes the engine's `linear` run that kernel instead
+of `F.linear`. Any candidate must beat cuBLAS by `MARGIN` to be kept.
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from minedraft.engine.cuda.skinny_gemm import SkinnyConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,26 +45,67 @@ MARGIN = 0.01  # cuBLASLt must beat cuBLAS by this fraction: noise must not flip
 REPEATS = 5  # timed passes per library; the fastest counts
 HALF_TYPES = (torch.bfloat16, torch.float16)
 
+TRITON = "triton:"  # prefix of a choice that runs the few-row Triton GEMM with the named config
+
 Key = tuple[int, int, int, torch.dtype]  # (rows, out features, in features, dtype)
 Shape = tuple[int, int, torch.dtype]
-TimeFn = Callable[[str, int, Sequence[torch.Tensor]], float]  # (library, rows, weights) -> ms per GEMM
+TimeFn = Callable[[str, int, Sequence[torch.Tensor]], float]  # (choice, rows, weights) -> ms per GEMM
 SetFn = Callable[[str], object]
+ExtraFn = Callable[[int, torch.dtype], Sequence[str]]  # (rows, dtype) -> choices besides the two libraries
 
 
-def gemm_ms(library: str, rows: int, weights: Sequence[torch.Tensor]) -> float:
-    """Milliseconds per `F.linear` of `rows` rows under `library`, over these weights in turn (CUDA events,
-    the fastest of REPEATS passes after one untimed pass)."""
-    torch.backends.cuda.preferred_blas_library(library)
+def triton_choices(rows: int, dtype: torch.dtype) -> list[str]:
+    """The few-row Triton GEMM's shortlisted configs for `rows` rows (none without Triton or past 64 rows)."""
+    try:
+        from minedraft.engine.cuda.skinny_gemm import shortlist_for
+    except ImportError:
+        return []
+    return [TRITON + config.name for config in shortlist_for(rows, dtype.itemsize)]
+
+
+def skinny_config(choice: str) -> SkinnyConfig | None:
+    """The Triton config a `triton:<name>` choice names; None for a BLAS library."""
+    if not choice.startswith(TRITON):
+        return None
+    from minedraft.engine.cuda.skinny_gemm import BY_NAME
+
+    return BY_NAME[choice[len(TRITON):]]
+
+
+def triton_linear(choice: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` through the Triton config of a `triton:<name>` choice."""
+    from minedraft.engine.cuda.skinny_gemm import skinny_linear
+
+    config = skinny_config(choice)
+    if config is None:
+        raise ValueError(f"{choice!r} is not a Triton choice")
+    return skinny_linear(x, weight, bias, config)
+
+
+def gemm_ms(choice: str, rows: int, weights: Sequence[torch.Tensor]) -> float:
+    """Milliseconds per GEMM of `rows` rows under `choice` (a library, or a Triton config), over these weights
+    in turn (CUDA events, the fastest of REPEATS passes after one untimed pass, which also compiles)."""
+    config = skinny_config(choice)
+    if config is None:
+        torch.backends.cuda.preferred_blas_library(choice)
+
+        def gemm(x: torch.Tensor, weight: torch.Tensor) -> object:
+            return F.linear(x, weight)
+    else:
+        from minedraft.engine.cuda.skinny_gemm import skinny_linear
+
+        def gemm(x: torch.Tensor, weight: torch.Tensor) -> object:
+            return skinny_linear(x, weight, None, config)
     first = weights[0]
     x = torch.randn(rows, first.shape[1], device=first.device, dtype=first.dtype)
     for weight in weights:
-        F.linear(x, weight)
+        gemm(x, weight)
     best = math.inf
     for _ in range(REPEATS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for weight in weights:
-            F.linear(x, weight)
+            gemm(x, weight)
         end.record()
         end.synchronize()
         best = min(best, start.elapsed_time(end) / len(weights))
@@ -74,8 +124,9 @@ class BlasPlan:
     time_fn: TimeFn = gemm_ms
     set_fn: SetFn = set_library
     device_types: tuple[str, ...] = ("cuda",)
+    extra_fn: ExtraFn = triton_choices
     chosen: dict[Key, str] = field(default_factory=dict)
-    timings: dict[Key, dict[str, float]] = field(default_factory=dict)  # ms per GEMM, per library
+    timings: dict[Key, dict[str, float]] = field(default_factory=dict)  # ms per GEMM, per choice
     pending: set[Key] = field(default_factory=set)
     weights: dict[Shape, dict[int, torch.Tensor]] = field(default_factory=dict)  # by data pointer
     current: str = DEFAULT  # what the plan last set
@@ -101,39 +152,57 @@ class BlasPlan:
             self.active = False
             self._set(DEFAULT)
 
-    def apply(self, x: torch.Tensor, weight: torch.Tensor) -> None:
-        """Before a GEMM inside `choosing`: set its shape's library, or note the shape for `settle`."""
+    def apply(self, x: torch.Tensor, weight: torch.Tensor) -> str | None:
+        """Before a GEMM inside `choosing`: set its shape's library, or note the shape for `settle`. Returns
+        the `triton:<config>` choice when the shape runs the Triton GEMM instead (the caller runs it)."""
         if not self.active or weight.device.type not in self.device_types or weight.dtype not in HALF_TYPES:
-            return
+            return None
         out_features, in_features = weight.shape
         key = (x.numel() // in_features, out_features, in_features, weight.dtype)
-        library = self.chosen.get(key)
-        if library is None:
+        choice = self.chosen.get(key)
+        if choice is None:
             self.pending.add(key)
-            self.weights.setdefault(key[1:], {}).setdefault(weight.data_ptr(), weight)
-            library = DEFAULT
-        self._set(library)
+            if weight.stride(1) == 1:  # the Triton candidates read rows of the weight as they lie
+                self.weights.setdefault(key[1:], {}).setdefault(weight.data_ptr(), weight)
+            choice = DEFAULT
+        if choice.startswith(TRITON):
+            if weight.stride(1) == 1:
+                return choice
+            choice = DEFAULT
+        self._set(choice)
+        return None
 
     def settle(self) -> None:
         """Time both libraries for every shape met since the last call and keep the faster (outside a capture)."""
         for key in sorted(self.pending, key=lambda k: (k[0], k[1], k[2])):
-            rows, out_features, in_features, _ = key
-            weights = list(self.weights[key[1:]].values())
-            ms = {library: self.time_fn(library, rows, weights) for library in LIBRARIES}
-            library = "cublaslt" if ms["cublaslt"] < ms["cublas"] * (1.0 - MARGIN) else "cublas"
-            self.timings[key], self.chosen[key] = ms, library
-            log.debug("%d rows x %d -> %d over %d weights: cublas %.1f us, cublaslt %.1f us: %s", rows,
-                      in_features, out_features, len(weights), ms["cublas"] * 1e3, ms["cublaslt"] * 1e3, library)
+            rows, out_features, in_features, dtype = key
+            weights = list(self.weights.get(key[1:], {}).values())
+            if not weights:  # only strided weights of this shape: cuBLAS runs them
+                self.timings[key], self.chosen[key] = {}, DEFAULT
+                continue
+            ms = {choice: self.time_fn(choice, rows, weights) for choice in (*LIBRARIES, *self.extra_fn(rows, dtype))}
+            best = min(ms, key=ms.__getitem__)
+            choice = best if ms[best] < ms[DEFAULT] * (1.0 - MARGIN) else DEFAULT
+            self.timings[key], self.chosen[key] = ms, choice
+            log.debug("%d rows x %d -> %d over %d weights: %s: %s", rows, in_features, out_features, len(weights),
+                      ", ".join(f"{c} {t * 1e3:.1f} us" for c, t in ms.items()), choice)
         if self.pending:
             self.pending.clear()
             self.current = ""  # timing set the library itself
             self._set(DEFAULT)
 
     def table(self) -> list[dict[str, object]]:
-        """The choices so far, for a benchmark's report: rows, shape, both timings (us), the library kept."""
-        return [{"rows": k[0], "out": k[1], "in": k[2], "cublas_us": round(t["cublas"] * 1e3, 2),
-                 "cublaslt_us": round(t["cublaslt"] * 1e3, 2), "library": self.chosen[k]}
-                for k, t in sorted(self.timings.items(), key=lambda kv: kv[0][:3])]
+        """The choices so far, for a benchmark's report: rows, shape, both libraries' timings and the best
+        Triton config's (us, None where none ran), the choice kept."""
+        rows = []
+        for k, t in sorted(self.timings.items(), key=lambda kv: kv[0][:3]):
+            tritons = {c: ms for c, ms in t.items() if c.startswith(TRITON)}
+            best = min(tritons, key=tritons.__getitem__) if tritons else None
+            rows.append({"rows": k[0], "out": k[1], "in": k[2],
+                         **{f"{lib}_us": round(t[lib] * 1e3, 2) if lib in t else None for lib in LIBRARIES},
+                         "triton_us": round(tritons[best] * 1e3, 2) if best else None,
+                         "triton": best[len(TRITON):] if best else None, "library": self.chosen[k]})
+        return rows
 
     def _set(self, library: str) -> None:
         if library != self.current:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from minedraft.engine.blas_plan import PLAN
+from minedraft.engine.blas_plan import PLAN, triton_linear
 from minedraft.engine.config import RopeConfig
 from minedraft.engine.fp8_linear import fp8_linear, kernel_supported
 from minedraft.engine.fp8_weights import Fp8Weight, fuse_fp8, is_fp8, linear_weight
@@ -115,7 +115,9 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) ->
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     blas = PLAN
     if blas.active:  # inside a CUDA graph's warm-up or capture (engine/blas_plan.py)
-        blas.apply(x, weight)
+        choice = blas.apply(x, weight)
+        if choice is not None:
+            return triton_linear(choice, x, weight, bias)
     return F.linear(x, weight, bias)
 
 

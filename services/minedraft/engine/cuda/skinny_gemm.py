@@ -1,0 +1,201 @@
+"""Triton GEMMs for the few-row projections of decode and verify: y = x @ W^T (+ bias), one kernel per call.
+
+At 1-64 rows a projection only streams its weight: the 8B shape's `o` (4096 x 4096) reads 33.5 MB, about
+8 us at an H200's copy rate, and cuBLAS spends 12.7 us on it in two kernels (a split-K GEMM and its
+reduction), `qkv` 15.4 us for an 11.9 us bound (docs/benchmarks/gpu.md). Short kernels lose most to their
+ramp and tail, so these keep a single kernel and fill the GPU with narrow output tiles instead of splitting
+the reduction: a program owns BLOCK_N output features for every row and walks the whole K axis in BLOCK_K
+steps, so each weight byte is read once and nothing needs a second pass.
+
+Two forms of the inner product:
+- `dot`: a [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] tensor-core product per step (rows padded to BLOCK_M, at
+  least 16), for any row count up to BLOCK_M.
+- `fma` (one row only): element-wise products accumulated in a [BLOCK_N, BLOCK_K] float32 tile and summed at
+  the end, which allows tiles narrower than the tensor cores' 16 features.
+
+Which config a shape runs is the BLAS plan's choice (`engine/blas_plan.py`): it times these next to cuBLAS
+and cuBLASLt over the model's own weights and keeps the fastest. Accumulation is float32 and the output is
+rounded once to the activation dtype, as cuBLAS does; only the order of the sum differs. No host sync; the
+output comes from `torch.empty`, so the kernel is safe inside CUDA-graph capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from minedraft.engine.cuda.paged_attention import _INTERPRET
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    form: str  # "dot" or "fma"
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.form}{self.block_m}x{self.block_n}x{self.block_k}w{self.warps}s{self.stages}"
+
+    def fits(self, rows: int) -> bool:
+        return rows <= self.block_m
+
+    def staged_bytes(self, element_size: int) -> int:
+        """Shared memory a dot config's pipelined x and W tiles take (fma configs keep theirs in registers)."""
+        if self.form == "fma":
+            return 0
+        return (self.block_m + self.block_n) * self.block_k * element_size * self.stages
+
+
+SMEM = 160 << 10  # staged tiles a config may ask for: a Hopper SM has 228 KB, with room kept to spare
+MAX_ROWS = 64  # beyond this the weight is re-read per row tile and cuBLAS's own tiles win
+
+
+@triton.jit
+def _skinny_dot_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+            w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+        else:
+            k_mask = (k0 + offs_k) < K
+            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        if UPCAST_DOT:  # interpreter only: its tl.dot cannot multiply bf16/fp16 operands
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _skinny_fma_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    x_ptrs = x_ptr + offs_k
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            x = tl.load(x_ptrs)
+            w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+        else:
+            k_mask = (k0 + offs_k) < K
+            x = tl.load(x_ptrs, mask=k_mask, other=0.0)
+            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    y = tl.sum(acc, 1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+def skinny_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: SkinnyConfig
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for x [..., K] of at most `config.block_m` rows, weight [N, K]."""
+    n, k = weight.shape
+    if weight.stride(1) != 1:
+        raise ValueError("the weight's rows must be contiguous")
+    x2 = x.reshape(-1, k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    if not config.fits(rows) or (config.form == "fma" and rows != 1):
+        raise ValueError(f"config {config.name} does not run {rows} rows")
+    y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    if rows == 0 or n == 0:
+        return y.reshape(*x.shape[:-1], n)
+    b = bias if bias is not None else weight  # unread without a bias
+    grid = (triton.cdiv(n, config.block_n),)
+    even_k = k % config.block_k == 0
+    if config.form == "fma":
+        _skinny_fma_kernel[grid](
+            x2, weight, b, y, n, k, weight.stride(0),
+            HAS_BIAS=bias is not None, BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=even_k,
+            num_warps=config.warps, num_stages=config.stages,
+        )
+    else:
+        _skinny_dot_kernel[grid](
+            x2, weight, b, y, rows, n, k, x2.stride(0), weight.stride(0), y.stride(0),
+            HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+            EVEN_K=even_k, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            UPCAST_DOT=_INTERPRET and x.dtype != torch.float32,
+            num_warps=config.warps, num_stages=config.stages,
+        )
+    return y.reshape(*x.shape[:-1], n)
+
+
+def _configs() -> tuple[SkinnyConfig, ...]:
+    out = [SkinnyConfig("fma", 1, bn, bk, w, s) for bn in (4, 8, 16) for bk in (256, 512) for w in (2, 4)
+           for s in (2, 3, 4)]
+    for bm in (16, 32, 64):
+        out += [SkinnyConfig("dot", bm, bn, bk, 4, s) for bn in (16, 32, 64) for bk in (128, 256) for s in (3, 4)]
+        out += [SkinnyConfig("dot", bm, bn, 256, 4, 5) for bn in (16, 32)]
+        out += [SkinnyConfig("dot", bm, 64, 128, 8, 3), SkinnyConfig("dot", bm, 128, 64, 8, 3)]
+    return tuple(c for c in out if c.staged_bytes(2) <= SMEM)
+
+
+CONFIGS = _configs()
+BY_NAME = {c.name: c for c in CONFIGS}
+# The configs the BLAS plan times for a shape, per row tile: on one H100 the three (two at 64 rows) with the
+# best geometric mean over the 8B shape's four projections, each within 1-3% of the best there
+# (`bench/gpu/skinny_sweep.py`, docs/benchmarks/gpu.md). Timing every config at start-up would cost seconds.
+SHORTLIST = {
+    1: ("fma1x8x512w4s3", "fma1x4x512w4s3", "fma1x16x512w4s3"),
+    16: ("dot16x16x256w4s4", "dot16x64x256w4s4", "dot16x32x256w4s4"),
+    32: ("dot32x16x256w4s4", "dot32x32x256w4s4", "dot32x16x256w4s3"),
+    64: ("dot64x32x128w4s4", "dot64x64x128w4s4"),
+}
+
+
+def configs_for(rows: int, element_size: int = 2) -> list[SkinnyConfig]:
+    """Every config that runs `rows` rows of `element_size`-byte elements with the smallest row tile that holds
+    them (a larger one would only pad)."""
+    if rows < 1 or rows > MAX_ROWS:
+        return []
+    block_m = max(16, triton.next_power_of_2(rows))
+    fitting = [c for c in CONFIGS if c.form == "dot" and c.block_m == block_m and c.staged_bytes(element_size) <= SMEM]
+    if rows == 1:
+        fitting = [c for c in CONFIGS if c.form == "fma"] + fitting
+    return fitting
+
+
+def shortlist_for(rows: int, element_size: int = 2) -> list[SkinnyConfig]:
+    """The configs worth timing for `rows` rows: the row tile's shortlist (at one row, the one-row forms')."""
+    if rows < 1 or rows > MAX_ROWS:
+        return []
+    block_m = max(16, triton.next_power_of_2(rows))
+    names = SHORTLIST[1] if rows == 1 else SHORTLIST[block_m]
+    return [BY_NAME[n] for n in names if BY_NAME[n].staged_bytes(element_size) <= SMEM]

@@ -1,0 +1,68 @@
+"""The few-row Triton GEMM (engine/cuda/skinny_gemm.py) against F.linear: every config form, row counts
+that fill and that pad a row tile, K that does and does not divide the K tile, a bias, bf16 and fp32, and
+the refusal of row counts a config cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def operands(rows: int, n: int, k: int, dtype: torch.dtype, device: torch.device, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    w = (torch.randn(n, k, generator=gen) * 0.05).to(dtype)
+    b = torch.randn(n, generator=gen).to(dtype)
+    return x.to(device), w.to(device), b.to(device)
+
+
+def picks(rows: int, dtype: torch.dtype, full: bool) -> list:
+    """The configs of `rows` (all on CUDA; on the interpreter one per form and row tile, small tiles first)."""
+    from minedraft.engine.cuda.skinny_gemm import configs_for
+
+    configs = configs_for(rows, dtype.itemsize)
+    if full:
+        return configs
+    by_form: dict[tuple[str, int], object] = {}
+    for c in sorted(configs, key=lambda c: (c.block_n * c.block_k, c.stages)):
+        by_form.setdefault((c.form, c.block_m), c)
+    return list(by_form.values())
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 33])
+@pytest.mark.parametrize("k", [512, 320], ids=["even-k", "ragged-k"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_every_config_computes_the_linear(rows: int, k: int, dtype: torch.dtype, kernel_device: torch.device) -> None:
+    from minedraft.engine.cuda.skinny_gemm import skinny_linear
+
+    n = 72  # not a multiple of any N tile: the last tile is masked
+    x, w, b = operands(rows, n, k, dtype, kernel_device, rows * 1000 + k)
+    want = (x.double() @ w.double().t() + b.double()).to("cpu")
+    tol = 1e-4 if dtype == torch.float32 else 2e-2  # bf16: one rounding of the float32 sum
+    configs = picks(rows, dtype, kernel_device.type == "cuda")
+    assert configs and all(c.fits(rows) for c in configs)
+    if rows == 1:
+        assert {c.form for c in configs} == {"fma", "dot"}
+    for config in configs:
+        got = skinny_linear(x.reshape(1, rows, k), w, b, config)
+        assert got.shape == (1, rows, n) and got.dtype == dtype
+        err = (got.reshape(rows, n).double().cpu() - want).abs().max().item() / want.abs().max().item()
+        assert err < tol, config.name
+        plain = skinny_linear(x, w, None, config)
+        assert torch.allclose(plain.double().cpu(), (x.double() @ w.double().t()).cpu(), rtol=tol, atol=tol * 4)
+
+
+def test_a_config_refuses_rows_it_cannot_hold(kernel_device: torch.device) -> None:
+    from minedraft.engine.cuda.skinny_gemm import CONFIGS, MAX_ROWS, configs_for, skinny_linear
+
+    x, w, _ = operands(17, 32, 64, torch.float32, kernel_device, 7)
+    small = next(c for c in CONFIGS if c.form == "dot" and c.block_m == 16)
+    fma = next(c for c in CONFIGS if c.form == "fma")
+    with pytest.raises(ValueError, match="does not run 17 rows"):
+        skinny_linear(x, w, None, small)
+    with pytest.raises(ValueError, match="does not run 2 rows"):
+        skinny_linear(x[:2], w, None, fma)
+    assert configs_for(0) == [] and configs_for(MAX_ROWS + 1) == []
+    assert all(c.block_m == 64 for c in configs_for(MAX_ROWS))
+    assert F.linear(x, w).shape == skinny_linear(x, w, None, configs_for(17)[0]).shape
