@@ -17,17 +17,16 @@ def operands(rows: int, n: int, k: int, dtype: torch.dtype, device: torch.device
     return x.to(device), w.to(device), b.to(device)
 
 
-def picks(rows: int, dtype: torch.dtype, full: bool) -> list:
-    """The configs of `rows` (all on CUDA; on the interpreter one per form and row tile, small tiles first)."""
-    from minedraft.engine.cuda.skinny_gemm import configs_for
+def picks(rows: int, dtype: torch.dtype, on_cuda: bool) -> list:
+    """One config per form and row tile for `rows` (the smallest tiles), and on CUDA the plan's shortlist
+    besides (every config's error on the 8B shapes is in `bench/gpu/skinny_sweep.py`'s output)."""
+    from minedraft.engine.cuda.skinny_gemm import configs_for, shortlist_for
 
-    configs = configs_for(rows, dtype.itemsize)
-    if full:
-        return configs
     by_form: dict[tuple[str, int], object] = {}
-    for c in sorted(configs, key=lambda c: (c.block_n * c.block_k, c.stages)):
+    for c in sorted(configs_for(rows, dtype.itemsize), key=lambda c: (c.block_n * c.block_k, c.stages)):
         by_form.setdefault((c.form, c.block_m), c)
-    return list(by_form.values())
+    extra = shortlist_for(rows, dtype.itemsize) if on_cuda else []
+    return list(by_form.values()) + [c for c in extra if c not in by_form.values()]
 
 
 @pytest.mark.parametrize("rows", [1, 5, 16, 33])

@@ -9,11 +9,12 @@ keeps the library chosen for each of its GEMMs whatever the setting is when it r
 
 `--blas auto` (the default) decides per (rows, out features, in features, dtype) inside graph captures only:
 the capture's first warm-up run meets each GEMM under cuBLAS and notes its shape and weights; `settle` then
-times both libraries over every weight of that shape it saw (a model's layers stream from HBM in turn, as in
-a real step, rather than one weight sitting in L2) and keeps cuBLASLt only where it is faster by `MARGIN`;
-the second warm-up and the capture run with the choices. Eager steps keep torch's default. `cublas` and
-`cublaslt` set the library for the whole process instead. Choices near a tie may differ between two
-processes (their timings differ), which changes rounding, never which tokens a step's rule accepts.
+times each candidate over every weight of that shape it saw, in a CUDA graph as a step runs them (a model's
+layers stream from HBM in turn rather than one weight sitting in L2, and the host's launch cost stays out),
+and keeps the fastest where it beats cuBLAS by `MARGIN`; the second warm-up and the capture run with the
+choices. Eager steps keep torch's default. `cublas` and `cublaslt` set the library for the whole process
+instead. Choices near a tie may differ between two processes (their timings differ), which changes
+rounding, never which tokens a step's rule accepts.
 
 In mode auto a shape of at most 64 rows also has the few-row Triton GEMM's shortlisted configs as
 candidates (`engine/cuda/skinny_gemm.py`: one kernel where cuBLAS splits K into two, narrower tiles that
@@ -84,7 +85,9 @@ def triton_linear(choice: str, x: torch.Tensor, weight: torch.Tensor, bias: torc
 
 def gemm_ms(choice: str, rows: int, weights: Sequence[torch.Tensor]) -> float:
     """Milliseconds per GEMM of `rows` rows under `choice` (a library, or a Triton config), over these weights
-    in turn (CUDA events, the fastest of REPEATS passes after one untimed pass, which also compiles)."""
+    in turn: a CUDA graph of one GEMM per weight, as a step's graph runs them (timed eagerly, the host's
+    launch cost would hide a short kernel's speed), the fastest of REPEATS replays after an untimed one. An
+    eager pass before the capture compiles and sets up the library's handles."""
     config = skinny_config(choice)
     if config is None:
         torch.backends.cuda.preferred_blas_library(choice)
@@ -98,17 +101,22 @@ def gemm_ms(choice: str, rows: int, weights: Sequence[torch.Tensor]) -> float:
             return skinny_linear(x, weight, None, config)
     first = weights[0]
     x = torch.randn(rows, first.shape[1], device=first.device, dtype=first.dtype)
-    for weight in weights:
-        gemm(x, weight)
+    gemm(x, first)
+    torch.cuda.synchronize(first.device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for weight in weights:
+            gemm(x, weight)
+    graph.replay()
     best = math.inf
     for _ in range(REPEATS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for weight in weights:
-            gemm(x, weight)
+        graph.replay()
         end.record()
         end.synchronize()
         best = min(best, start.elapsed_time(end) / len(weights))
+    del graph
     return best
 
 
