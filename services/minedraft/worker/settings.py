@@ -64,9 +64,9 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                              "[MINEDRAFT_LAUNCH_AHEAD]")
     parser.add_argument("--blas", choices=BLAS_MODES, default=env("BLAS", "auto"),
                         help="the library of the half-precision projections on a GPU: auto = per GEMM shape of each "
-                             "CUDA graph, the faster of cuBLAS and cuBLASLt timed on this GPU as the graph is "
-                             "captured (eager steps: cuBLAS); cublas or cublaslt = that one everywhere "
-                             "[MINEDRAFT_BLAS]")
+                             "CUDA graph, the fastest of cuBLAS, cuBLASLt and (at most 64 rows) the Triton few-row "
+                             "GEMM timed on this GPU as the graph is captured (eager steps: cuBLAS); cublas or "
+                             "cublaslt = that one everywhere [MINEDRAFT_BLAS]")
     parser.add_argument("--capture-batch", type=nonnegative, default=env("CAPTURE_BATCH", "0"),
                         help="on a GPU, capture at start-up the CUDA graph of every steady step of up to this many "
                              "sequences (the policy's max_num_seqs) instead of on first use, where each new shape "
