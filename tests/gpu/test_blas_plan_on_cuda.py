@@ -81,5 +81,5 @@ def test_graphs_run_the_triton_gemm_where_the_plan_keeps_it(batch: int, cuda_dev
     assert all(str(row["library"]).startswith(blas_plan.TRITON) for row in table), table
     forms = {rows: {blas_plan.skinny_config(str(r["library"])).form for r in table if r["rows"] == rows}
              for rows in (batch, batch * 5)}
-    assert forms[batch * 5] == {"dot"} and forms[batch] == ({"fma"} if batch == 1 else {"dot"})
+    assert forms[batch * 5] <= {"dot", "swap"} and forms[batch] <= ({"fma"} if batch == 1 else {"dot", "swap"})
     assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublas

@@ -41,8 +41,9 @@ def test_every_config_computes_the_linear(rows: int, k: int, dtype: torch.dtype,
     tol = 1e-4 if dtype == torch.float32 else 2e-2  # bf16: one rounding of the float32 sum
     configs = picks(rows, dtype, kernel_device.type == "cuda")
     assert configs and all(c.fits(rows) for c in configs)
+    assert {c.form for c in configs} >= {"dot", "swap"}
     if rows == 1:
-        assert {c.form for c in configs} == {"fma", "dot"}
+        assert {c.form for c in configs} == {"fma", "dot", "swap"}
     for config in configs:
         got = skinny_linear(x.reshape(1, rows, k), w, b, config)
         assert got.shape == (1, rows, n) and got.dtype == dtype

@@ -10,6 +10,8 @@ steps, so each weight byte is read once and nothing needs a second pass.
 Two forms of the inner product:
 - `dot`: a [BLOCK_M, BLOCK_K] x [BLOCK_K, BLOCK_N] tensor-core product per step (rows padded to BLOCK_M, at
   least 16), for any row count up to BLOCK_M.
+- `swap`: the same product with the operands swapped, W [BLOCK_N, BLOCK_K] x x^T [BLOCK_K, BLOCK_M], so the
+  tensor cores' tall side holds output features (64 or 128) and the few rows are the short side.
 - `fma` (one row only): element-wise products accumulated in a [BLOCK_N, BLOCK_K] float32 tile and summed at
   the end, which allows tiles narrower than the tensor cores' 16 features.
 
@@ -32,7 +34,7 @@ from minedraft.engine.cuda.paged_attention import _INTERPRET
 
 @dataclass(frozen=True)
 class SkinnyConfig:
-    form: str  # "dot" or "fma"
+    form: str  # "dot", "swap" or "fma"
     block_m: int
     block_n: int
     block_k: int
@@ -61,7 +63,7 @@ MAX_ROWS = 64  # beyond this the weight is re-read per row tile and cuBLAS's own
 def _skinny_dot_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -71,7 +73,10 @@ def _skinny_dot_kernel(
     n_mask = offs_n < N
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if SWAP_AB:  # noqa: SIM108  (a constexpr branch: the accumulator's shape differs)
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
@@ -83,13 +88,22 @@ def _skinny_dot_kernel(
         if UPCAST_DOT:  # interpreter only: its tl.dot cannot multiply bf16/fp16 operands
             x = x.to(tl.float32)
             w = w.to(tl.float32)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        if SWAP_AB:
+            acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    if SWAP_AB:  # acc is [BLOCK_N, BLOCK_M]: features by rows
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        y_ptrs = y_ptr + offs_m[None, :].to(tl.int64) * stride_ym + offs_n[:, None]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
@@ -150,7 +164,8 @@ def skinny_linear(
         _skinny_dot_kernel[grid](
             x2, weight, b, y, rows, n, k, x2.stride(0), weight.stride(0), y.stride(0),
             HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-            EVEN_K=even_k, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            EVEN_K=even_k, SWAP_AB=config.form == "swap",
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             UPCAST_DOT=_INTERPRET and x.dtype != torch.float32,
             num_warps=config.warps, num_stages=config.stages,
         )
@@ -163,6 +178,7 @@ def _configs() -> tuple[SkinnyConfig, ...]:
     for bm in (16, 32, 64):
         out += [SkinnyConfig("dot", bm, bn, bk, 4, s) for bn in (16, 32, 64) for bk in (128, 256) for s in (3, 4)]
         out += [SkinnyConfig("dot", bm, bn, 256, 4, 5) for bn in (16, 32)]
+        out += [SkinnyConfig("swap", bm, bn, bk, 4, s) for bn in (64, 128) for bk in (64, 128, 256) for s in (3, 4)]
         out += [SkinnyConfig("dot", bm, 64, 128, 8, 3), SkinnyConfig("dot", bm, 128, 64, 8, 3)]
     return tuple(c for c in out if c.staged_bytes(2) <= SMEM)
 
@@ -186,7 +202,8 @@ def configs_for(rows: int, element_size: int = 2) -> list[SkinnyConfig]:
     if rows < 1 or rows > MAX_ROWS:
         return []
     block_m = max(16, triton.next_power_of_2(rows))
-    fitting = [c for c in CONFIGS if c.form == "dot" and c.block_m == block_m and c.staged_bytes(element_size) <= SMEM]
+    fitting = [c for c in CONFIGS if c.form in ("dot", "swap") and c.block_m == block_m
+               and c.staged_bytes(element_size) <= SMEM]
     if rows == 1:
         fitting = [c for c in CONFIGS if c.form == "fma"] + fitting
     return fitting
