@@ -185,14 +185,15 @@ def _configs() -> tuple[SkinnyConfig, ...]:
 
 CONFIGS = _configs()
 BY_NAME = {c.name: c for c in CONFIGS}
-# The configs the BLAS plan times for a shape, per row tile: on one H100 the three (two at 64 rows) with the
-# best geometric mean over the 8B shape's four projections, each within 1-3% of the best there
-# (`bench/gpu/skinny_sweep.py`, docs/benchmarks/gpu.md). Timing every config at start-up would cost seconds.
+# The configs the BLAS plan times for a shape, per row tile: on one H100 those with the best geometric mean
+# over the 8B shape's five projections (the head's included), within 1-4% of the best of 80-110 configs on
+# average, and the best one where a projection differs (`bench/gpu/skinny_sweep.py`, docs/benchmarks/gpu.md).
+# Timing every config at start-up would cost seconds.
 SHORTLIST = {
-    1: ("fma1x8x512w4s3", "fma1x4x512w4s3", "fma1x16x512w4s3"),
-    16: ("dot16x16x256w4s4", "dot16x64x256w4s4", "dot16x32x256w4s4"),
-    32: ("dot32x16x256w4s4", "dot32x32x256w4s4", "dot32x16x256w4s3"),
-    64: ("dot64x32x128w4s4", "dot64x64x128w4s4"),
+    1: ("fma1x8x512w4s3", "fma1x16x512w4s3", "fma1x4x512w4s3"),
+    16: ("swap16x64x256w4s4", "swap16x128x128w4s4", "swap16x64x128w4s4", "dot16x32x256w4s4"),
+    32: ("swap32x64x128w4s4", "swap32x64x256w4s3", "swap32x128x128w4s3", "dot32x16x256w4s4"),
+    64: ("dot64x32x128w4s4", "dot64x64x128w4s4", "swap64x128x128w4s3"),
 }
 
 
