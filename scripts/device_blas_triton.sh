@@ -11,7 +11,7 @@ cat "$OUT/gpu.txt"
 timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -rs --durations=8 -p no:cacheprovider ${TESTS:-tests/gpu/test_skinny_gemm.py \
   tests/gpu/test_blas_plan_on_cuda.py tests/gpu/test_engine_on_cuda.py} > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests exit $?"; tail -3 "$OUT/gpu_tests.txt"
-STEP="--weights bf16 --step-modes ar,verify --step-batches ${BATCHES:-1,16,32,64} --step-ks 4 --step-rounds 3"
+STEP="--weights bf16 --step-modes ${MODES:-ar,verify} --step-batches ${BATCHES:-1,16,32,64} --step-ks 4 --step-rounds 3"
 for round in 1 2; do
   for tree in snap new; do
     if [ "$tree" = snap ]; then src="$PWD/snap/services"; else src="$PWD/services"; fi
