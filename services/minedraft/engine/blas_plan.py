@@ -116,7 +116,9 @@ def gemm_ms(choice: str, rows: int, weights: Sequence[torch.Tensor]) -> float:
         end.record()
         end.synchronize()
         best = min(best, start.elapsed_time(end) / len(weights))
-    del graph
+    # Freed now, not when the garbage collector meets it: destroying a graph while another stream captures
+    # (the step graph this timing is for, moments later) invalidates that capture.
+    graph.reset()
     return best
 
 

@@ -42,7 +42,7 @@ def graph_us(weights: list[torch.Tensor], x: torch.Tensor, call: Call, rounds: i
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000.0 / len(weights))
-    del graph
+    graph.reset()  # freed now: a graph the collector destroys later could meet another capture
     return sorted(times)[len(times) // 2]
 
 
