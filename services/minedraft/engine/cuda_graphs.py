@@ -20,9 +20,11 @@ its owner reads (and clones) them before the next replay.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -59,6 +61,20 @@ class CapturedStep:
 def split_meta(meta: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Views of one packed buffer: starts, query lengths, block tables (all contiguous)."""
     return meta[:bucket], meta[bucket : 2 * bucket], meta[2 * bucket :].view(bucket, -1)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while a graph is captured: should it free an unreachable runner's graphs
+    mid-capture, destroying them is an operation a capturing stream forbids, and the capture is lost. What
+    becomes garbage meanwhile waits for the next collection outside a capture."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class GraphCache:
@@ -185,7 +201,7 @@ class GraphCache:
             step()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with blas.choosing(), torch.cuda.graph(graph, pool=self.pool):
+        with blas.choosing(), torch.cuda.graph(graph, pool=self.pool), collector_paused():
             out = step()
         self.pool = graph.pool()
         return graph, out
