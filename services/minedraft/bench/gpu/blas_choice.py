@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -87,20 +88,26 @@ def measure(ms: list[int], shapes: list[str]) -> dict:
     return {"copy_GBps": copy, "rows": rows}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m minedraft.bench.gpu.blas_choice", description=__doc__,
+def run_cli(prog: str, doc: str | None, measure_fn: Callable[[list[int], list[str]], dict], ms: str, shapes: str,
+            argv: list[str] | None) -> int:
+    """The command line of a per-projection GEMM timing: row counts, projections, an optional JSON file."""
+    p = argparse.ArgumentParser(prog=f"python3 -m {prog}", description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ms", default="1,16,64,320", help="token counts (GEMM rows)")
-    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--ms", default=ms, help="token counts (GEMM rows)")
+    p.add_argument("--shapes", default=shapes, help=f"projections, of {', '.join(SHAPES)}")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
-    results = measure([int(m) for m in args.ms.split(",")], args.shapes.split(","))
+    results = measure_fn([int(m) for m in args.ms.split(",")], args.shapes.split(","))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli("minedraft.bench.gpu.blas_choice", __doc__, measure, "1,16,64,320", ",".join(SHAPES), argv)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,13 @@ against the bound (the weight's bytes over the measured copy bandwidth); `--out`
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 
-from minedraft.bench.gpu.blas_choice import SHAPES
+from minedraft.bench.gpu.blas_choice import SHAPES, run_cli
 from minedraft.bench.gpu.timing import ceilings
 
 Call = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -91,19 +88,7 @@ def measure(ms: list[int], shapes: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m minedraft.bench.gpu.skinny_sweep", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ms", default="1,5,16,32,64", help="token counts (GEMM rows)")
-    p.add_argument("--shapes", default="qkv,o,gate_up,down")
-    p.add_argument("--out", default="")
-    args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("needs a CUDA device", file=sys.stderr)
-        return 2
-    results = measure([int(m) for m in args.ms.split(",")], args.shapes.split(","))
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
-    return 0
+    return run_cli("minedraft.bench.gpu.skinny_sweep", __doc__, measure, "1,5,16,32,64", "qkv,o,gate_up,down", argv)
 
 
 if __name__ == "__main__":
