@@ -60,14 +60,19 @@ def kernels_per_call(weight: torch.Tensor, x: torch.Tensor, library: str) -> int
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def rotating_weights(n: int, k: int) -> list[torch.Tensor]:
+    """bf16 copies of an [n, k] weight, 256 MB or more in all (2-32 of them), so L2 holds none while they rotate."""
+    copies = max(2, min(32, -(-(256 << 20) // (n * k * 2))))
+    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+
+
 def measure(ms: list[int], shapes: list[str]) -> dict:
     copy = ceilings()["copy_GBps"]
     rows = []
     for name in shapes:
         n, k = SHAPES[name]
         bytes_ = n * k * 2
-        copies = max(2, min(32, -(-(256 << 20) // bytes_)))
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        weights = rotating_weights(n, k)
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             row = {"gemm": name, "n": n, "k": k, "m": m, "bound_us": bytes_ / (copy * 1e3)}

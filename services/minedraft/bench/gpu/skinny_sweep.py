@@ -1,79 +1,47 @@
 """`python3 -m minedraft.bench.gpu.skinny_sweep`: the few-row Triton GEMM's configs against cuBLAS and cuBLASLt.
 
 For each projection of the 8B shape and each row count, times every config of `engine/cuda/skinny_gemm.py`
-that runs it next to both BLAS libraries, each as a CUDA graph of one call per rotating weight copy (256 MB
-or more, so L2 holds none of them), and checks each config's output against a float32 product of the same
-bf16 operands (largest error relative to the output's largest magnitude). Prints the best config per cell
-against the bound (the weight's bytes over the measured copy bandwidth); `--out` writes every timing as JSON.
+that runs it next to both BLAS libraries, timed as the BLAS plan times them (`engine/blas_plan.gemm_ms`: a
+CUDA graph of one call per rotating weight copy, 256 MB or more so L2 holds none of them), and checks each
+config's output against a float32 product of the same bf16 operands (largest error relative to the output's
+largest magnitude). Prints the best config per cell against the bound (the weight's bytes over the measured
+copy bandwidth); `--out` writes every timing as JSON.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 
 import torch
 from torch.nn import functional as F
 
-from minedraft.bench.gpu.blas_choice import SHAPES, run_cli
+from minedraft.bench.gpu.blas_choice import SHAPES, rotating_weights, run_cli
 from minedraft.bench.gpu.timing import ceilings
-
-Call = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def graph_us(weights: list[torch.Tensor], x: torch.Tensor, call: Call, rounds: int = 5) -> float:
-    """Median over rounds of one call's microseconds, in a graph of one call per weight copy."""
-    for w in weights:  # warm-up outside the capture: compilation, handles, workspaces
-        call(x, w)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for w in weights:
-            call(x, w)
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        graph.replay()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / len(weights))
-    graph.reset()  # freed now: a graph the collector destroys later could meet another capture
-    return sorted(times)[len(times) // 2]
-
-
-def blas_call(library: str) -> Call:
-    def call(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        torch.backends.cuda.preferred_blas_library(library)
-        return F.linear(x, w)
-    return call
 
 
 def measure(ms: list[int], shapes: list[str]) -> dict:
-    from minedraft.engine.cuda.skinny_gemm import configs_for, skinny_linear
+    from minedraft.engine.blas_plan import TRITON, gemm_ms, triton_linear
+    from minedraft.engine.cuda.skinny_gemm import configs_for
 
     copy = ceilings()["copy_GBps"]
     cells = []
     for name in shapes:
         n, k = SHAPES[name]
         bytes_ = n * k * 2
-        copies = max(2, min(32, -(-(256 << 20) // bytes_)))
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        weights = rotating_weights(n, k)
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = (x.float() @ weights[0].float().t())
             scale = ref.abs().max().item()
             cell = {"gemm": name, "n": n, "k": k, "m": m, "bound_us": bytes_ / (copy * 1e3), "configs": {}}
             for lib in ("cublas", "cublaslt"):
-                cell[f"{lib}_us"] = graph_us(weights, x, blas_call(lib))
-                cell[f"{lib}_err"] = (blas_call(lib)(x, weights[0]).float() - ref).abs().max().item() / scale
+                cell[f"{lib}_us"] = gemm_ms(lib, m, weights) * 1e3  # sets the library for the product below
+                cell[f"{lib}_err"] = (F.linear(x, weights[0]).float() - ref).abs().max().item() / scale
             torch.backends.cuda.preferred_blas_library("cublas")
             for config in configs_for(m):
-                def call(x: torch.Tensor, w: torch.Tensor, config=config) -> torch.Tensor:
-                    return skinny_linear(x, w, None, config)
-                err = (call(x, weights[0]).float() - ref).abs().max().item() / scale
-                cell["configs"][config.name] = {"us": graph_us(weights, x, call), "err": err}
+                choice = TRITON + config.name
+                err = (triton_linear(choice, x, weights[0], None).float() - ref).abs().max().item() / scale
+                cell["configs"][config.name] = {"us": gemm_ms(choice, m, weights) * 1e3, "err": err}
             best = min(cell["configs"].items(), key=lambda kv: kv[1]["us"])
             blas = min(cell["cublas_us"], cell["cublaslt_us"])
             cell["best"] = best[0]
