@@ -6,9 +6,9 @@ Usage (repository root, a CUDA machine):
                                       [--psd] [--control K]
 e.g.   python3 scripts/colocated_auto.py 0.7,0.5,0.9 16,64 1,2,3,4,5,6 --tokens 256 --rounds 2
        python3 scripts/colocated_auto.py 0.7,0.9 32 2,3,4,5,6 --tokens 256 --rounds 3 --psd --control 6
-Runs of identical choices came out up to 4% apart in one call (gpu.md, ninth pass): --control K times k = K
-twice per round (the second mid-round) and reports the ratio of the two, the floor under which auto / best
-fixed says nothing.
+Runs of identical choices came out up to 4% apart in one call (docs/benchmarks/gpu.md, adaptive k):
+--control K times k = K twice per round (the second mid-round) and reports the ratio of the two, the floor
+under which auto / best fixed says nothing.
 For each acceptance level it starts one colocated stack whose workers capture every CUDA graph auto may
 need at start-up (--capture-k, default max(KS); 0 = on first use), then, per batch size m and workload,
 times SD at each fixed k and auto (k <= max(KS)) in R rounds (the order reversed every other round, so a

@@ -9,7 +9,7 @@ verify batch drafted in the step before. With one batch empty the same loop is s
 A verifier that drafts on its own GPU (colocated) runs a plan's verify before its draft, so its
 sequential SD is *fused*: one plan per cycle verifies every sequence that drafted in the plan
 before and then drafts every sequence again. Alternating draft-only and verify plans instead left
-each verify plan one control round trip behind a short draft step (docs/benchmarks/gpu.md).
+each verify plan one control round trip behind a short draft step.
 """
 
 from __future__ import annotations
