@@ -19,8 +19,13 @@ from minedraft.bench.gpu.blas_choice import SHAPES, rotating_weights, run_cli
 from minedraft.bench.gpu.timing import ceilings
 
 
+def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest error of `y` against the float32 product `ref`, over `ref`'s largest magnitude."""
+    return ((y.float() - ref).abs().max() / ref.abs().max()).item()
+
+
 def measure(ms: list[int], shapes: list[str]) -> dict:
-    from minedraft.engine.blas_plan import TRITON, gemm_ms, triton_linear
+    from minedraft.engine.blas_plan import TRITON, gemm_ms, set_library, triton_linear
     from minedraft.engine.cuda.skinny_gemm import configs_for
 
     copy = ceilings()["copy_GBps"]
@@ -32,16 +37,16 @@ def measure(ms: list[int], shapes: list[str]) -> dict:
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = (x.float() @ weights[0].float().t())
-            scale = ref.abs().max().item()
             cell = {"gemm": name, "n": n, "k": k, "m": m, "bound_us": bytes_ / (copy * 1e3), "configs": {}}
             for lib in ("cublas", "cublaslt"):
-                cell[f"{lib}_us"] = gemm_ms(lib, m, weights) * 1e3  # sets the library for the product below
-                cell[f"{lib}_err"] = (F.linear(x, weights[0]).float() - ref).abs().max().item() / scale
-            torch.backends.cuda.preferred_blas_library("cublas")
+                cell[f"{lib}_us"] = gemm_ms(lib, m, weights) * 1e3
+                set_library(lib)
+                cell[f"{lib}_err"] = relative_error(F.linear(x, weights[0]), ref)
+            set_library("cublas")
             for config in configs_for(m):
                 choice = TRITON + config.name
-                err = (triton_linear(choice, x, weights[0], None).float() - ref).abs().max().item() / scale
-                cell["configs"][config.name] = {"us": gemm_ms(choice, m, weights) * 1e3, "err": err}
+                cell["configs"][config.name] = {"us": gemm_ms(choice, m, weights) * 1e3,
+                                                "err": relative_error(triton_linear(choice, x, weights[0], None), ref)}
             best = min(cell["configs"].items(), key=lambda kv: kv[1]["us"])
             blas = min(cell["cublas_us"], cell["cublaslt_us"])
             cell["best"] = best[0]
