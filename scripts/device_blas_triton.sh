@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine: the BLAS plan with its Triton candidates against the tree before them, side by side.
 # Carry `.whl`, `services/minedraft/proto` and `snap` (a copy of the earlier tree, with its proto stubs).
-# Writes under $OUT: the GPU tests' log, the few-row GEMM sweep, and alternating step tables (snap, this tree).
+# Writes under $OUT: the GPU tests' log and alternating step tables (snap, this tree; ROUNDS of them, default 2),
+# then the gate/up choices of both trees.
 set -uo pipefail
 OUT="${OUT:-$PWD/device_out}"
 mkdir -p "$OUT"
@@ -12,7 +13,7 @@ timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q -rs --durations=8 -p no:cach
   tests/gpu/test_blas_plan_on_cuda.py tests/gpu/test_engine_on_cuda.py} > "$OUT/gpu_tests.txt" 2>&1
 echo "gpu tests exit $?"; tail -3 "$OUT/gpu_tests.txt"
 STEP="--weights bf16 --step-modes ${MODES:-ar,verify} --step-batches ${BATCHES:-1,16,32,64} --step-ks 4 --step-rounds 3"
-for round in 1 2; do
+for round in $(seq 1 "${ROUNDS:-2}"); do
   for tree in snap new; do
     if [ "$tree" = snap ]; then src="$PWD/snap/services"; else src="$PWD/services"; fi
     # shellcheck disable=SC2086
@@ -21,3 +22,16 @@ for round in 1 2; do
     echo "$tree $round exit $?"; grep -E "^\|" "$OUT/steps_${tree}_$round.log" | head -14
   done
 done
+# The plan's choices for SwiGLU's gate/up in this tree (op glu: the timings include the activation) and the
+# tree before it (op linear), per row count, from the first round.
+python3 - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+for tree in ("snap", "new"):
+    path = Path(sys.argv[1]) / f"steps_{tree}_1" / "step_profile.json"
+    if not path.exists():
+        continue
+    for row in json.loads(path.read_text()).get("blas", {}).get("choices", []):
+        if row["out"] == 28672:
+            print(tree, row)
+PY

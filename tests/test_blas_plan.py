@@ -14,6 +14,7 @@ import torch
 
 from minedraft.engine import layers
 from minedraft.engine.blas_plan import MARGIN, PLAN, BlasPlan
+from minedraft.engine.fused import silu_and_mul as fused_silu
 from minedraft.worker.settings import BLAS_MODES
 
 K, N_FAST, N_TIE = 8, 16, 24  # in features; a shape cuBLASLt wins, a shape it ties
@@ -64,10 +65,10 @@ def test_a_capture_times_each_new_shape_over_its_layers_and_keeps_the_faster() -
         assert run_layers(plan, 4, fast, tie) == ["cublaslt", "cublas"] * 3  # the tie stays with cuBLAS
     assert plan.current == "cublas" and rec.set[-1] == "cublas"  # eager work after the capture: torch's default
     assert plan.table() == [
-        {"rows": 4, "out": N_FAST, "in": K, "cublas_us": 1000.0, "cublaslt_us": 900.0, "triton_us": None,
-         "triton": None, "library": "cublaslt"},
-        {"rows": 4, "out": N_TIE, "in": K, "cublas_us": 1000.0, "cublaslt_us": 995.0, "triton_us": None,
-         "triton": None, "library": "cublas"}]
+        {"rows": 4, "out": N_FAST, "in": K, "op": "linear", "cublas_us": 1000.0, "cublaslt_us": 900.0,
+         "triton_us": None, "triton": None, "library": "cublaslt"},
+        {"rows": 4, "out": N_TIE, "in": K, "op": "linear", "cublas_us": 1000.0, "cublaslt_us": 995.0,
+         "triton_us": None, "triton": None, "library": "cublas"}]
 
 
 def test_each_row_count_is_its_own_choice_and_nothing_is_timed_twice() -> None:
@@ -114,7 +115,7 @@ def test_the_engines_linear_asks_the_plan_inside_a_capture_only(monkeypatch: pyt
     assert not plan.pending
     with plan.choosing():
         out = layers.linear(x, weight)
-        assert plan.pending == {(4, N_FAST, K, torch.bfloat16)}
+        assert plan.pending == {(4, N_FAST, K, torch.bfloat16, "linear")}
         plan.settle()
         layers.linear(x, weight)
         assert plan.current == "cublaslt"
@@ -191,3 +192,88 @@ def test_the_triton_candidates_are_the_kernels_shortlist() -> None:
     assert five and all(skinny_config(c).block_m == 16 for c in five)
     assert all(skinny_config(c).block_m == 64 for c in triton_choices(MAX_ROWS, torch.bfloat16))
     assert triton_choices(MAX_ROWS + 1, torch.bfloat16) == [] and skinny_config("cublas") is None
+
+
+class GluRecorder(Recorder):
+    """The gated op's candidates: `glu:triton:g` 30% faster than cuBLAS + silu*up where `fast_glu`, else every
+    candidate within the margin; the plain op as Recorder."""
+
+    def __init__(self, fast_glu: bool) -> None:
+        super().__init__()
+        self.fast_glu = fast_glu
+
+    def time(self, library: str, rows: int, weights: Sequence[torch.Tensor]) -> float:
+        if not library.startswith("glu:"):
+            return super().time(library, rows, weights)
+        self.timed.append((library, rows, weights[0].shape[0], len(weights)))
+        if library == "glu:cublas":
+            return 1.0
+        return 0.7 if self.fast_glu and library == "glu:triton:g" else 1.0 - MARGIN / 2
+
+    def plan(self, extra: Sequence[str] = ()) -> BlasPlan:
+        plan = super().plan(extra)
+        plan.glu_extra_fn = lambda rows, dtype: ("triton:g",)
+        return plan
+
+
+def swiglu(inter: int = 6) -> layers.SwiGLU:
+    torch.manual_seed(0)
+    mlp = layers.SwiGLU(K, inter).to(torch.bfloat16)
+    mlp.fuse()
+    return mlp
+
+
+def reference(mlp: layers.SwiGLU, x: torch.Tensor) -> torch.Tensor:
+    gate, up = torch.nn.functional.linear(x, mlp.gate_up_weight).chunk(2, dim=-1)  # type: ignore[arg-type]
+    return torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, mlp.down_weight)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fast_glu", [True, False], ids=["gated-kernel-wins", "library-kept"])
+def test_swiglu_plans_gate_up_and_its_activation_as_one_op(fast_glu: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside a capture SwiGLU asks the plan for its gated op (never the plain GEMM of the gate/up shape): the
+    candidates are timed with the activation (glu: prefix), the gated Triton GEMM runs where it wins, a library's
+    GEMM and the silu*up kernel where one is kept; outside a capture the plain path runs."""
+    rec = GluRecorder(fast_glu)
+    plan = rec.plan(extra=("triton:b",))
+    monkeypatch.setattr(layers, "PLAN", plan)
+    monkeypatch.setattr(layers, "silu_and_mul", lambda gu, backend: fused_silu(gu, "torch"))  # no CUDA here
+    ran: list[tuple[str, bool]] = []
+
+    def kernel(choice: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               glu: bool = False) -> torch.Tensor:
+        ran.append((choice, glu))
+        assert glu and bias is None
+        gate, up = torch.nn.functional.linear(x, weight).chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+
+    monkeypatch.setattr(layers, "triton_linear", kernel)
+    mlp = swiglu()
+    x = torch.randn(4, K, dtype=torch.bfloat16)
+    with plan.choosing():
+        first = mlp(x, "triton")  # first warm-up: cuBLAS and the separate activation
+        gate_up = (4, 12, K, torch.bfloat16, "glu")
+        assert gate_up in plan.pending and (4, 12, K, torch.bfloat16, "linear") not in plan.pending
+        plan.settle()
+        assert sorted(c for c, _, out, _ in rec.timed if out == 12) == ["glu:cublas", "glu:cublaslt", "glu:triton:g"]
+        second = mlp(x, "triton")
+    assert ran == ([("triton:g", True)] if fast_glu else [])
+    rows = {(r["out"], r["op"]): r for r in plan.table()}
+    assert rows[(12, "glu")]["library"] == ("triton:g" if fast_glu else "cublas")
+    assert (12, "linear") not in rows and rows[(K, "linear")]["library"] == "cublas"  # the down projection
+    torch.testing.assert_close(first, reference(mlp, x))
+    torch.testing.assert_close(second, reference(mlp, x))
+    ran.clear()
+    mlp(x, "triton")  # eager, after the capture
+    assert ran == [] and plan.current == "cublas"
+
+
+def test_the_gated_candidates_are_the_kernels_gated_shortlist() -> None:
+    pytest.importorskip("triton")
+    from minedraft.engine.blas_plan import skinny_config, triton_choices, triton_glu_choices
+    from minedraft.engine.cuda.skinny_gemm import SMEM
+
+    for rows in (1, 16, 20, 64):
+        gated = triton_glu_choices(rows, torch.bfloat16)
+        assert gated and gated == triton_choices(rows, torch.bfloat16, glu=True)
+        assert all(skinny_config(c).staged_bytes(2, glu=True) <= SMEM for c in gated)
+    assert triton_glu_choices(65, torch.bfloat16) == []

@@ -67,11 +67,12 @@ def test_graph_captures_choose_a_library_per_projection_shape(cuda_device: torch
 def test_graphs_run_the_triton_gemm_where_the_plan_keeps_it(batch: int, cuda_device: torch.device,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Every shape's Triton candidates timed for real, then counted 100x faster so the plan keeps one: the
-    graphs replay the kernel (one-row forms at batch 1, tensor-core tiles at 4 and 20 rows) and their logits
-    agree with the eager cuBLAS step's as closely as cuBLAS's own graphs do."""
+    graphs replay the kernel (one-row forms at batch 1, tensor-core tiles at 4 and 20 rows; SwiGLU's gate/up as
+    the gated kernel, its activation in the epilogue) and their logits agree with the eager cuBLAS step's as
+    closely as cuBLAS's own graphs do."""
     def favour_triton(choice: str, rows: int, weights: list[torch.Tensor]) -> float:
         ms = blas_plan.gemm_ms(choice, rows, weights)
-        return ms / 100 if choice.startswith(blas_plan.TRITON) else ms
+        return ms / 100 if choice.removeprefix(blas_plan.GLU).startswith(blas_plan.TRITON) else ms
 
     plan = BlasPlan(mode="auto", time_fn=favour_triton)
     _, errors = graphed_against_eager(plan, cuda_device, monkeypatch, batch)
@@ -79,6 +80,7 @@ def test_graphs_run_the_triton_gemm_where_the_plan_keeps_it(batch: int, cuda_dev
     table = plan.table()
     assert {row["rows"] for row in table} == {batch, batch * 5}
     assert all(str(row["library"]).startswith(blas_plan.TRITON) for row in table), table
+    assert {row["op"] for row in table} == {"linear", "glu"}
     forms = {rows: {blas_plan.skinny_config(str(r["library"])).form for r in table if r["rows"] == rows}
              for rows in (batch, batch * 5)}
     assert forms[batch * 5] <= {"dot", "swap"} and forms[batch] <= ({"fma"} if batch == 1 else {"dot", "swap"})

@@ -66,3 +66,53 @@ def test_a_config_refuses_rows_it_cannot_hold(kernel_device: torch.device) -> No
     assert configs_for(0) == [] and configs_for(MAX_ROWS + 1) == []
     assert all(c.block_m == 64 for c in configs_for(MAX_ROWS))
     assert F.linear(x, w).shape == skinny_linear(x, w, None, configs_for(17)[0]).shape
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33])
+@pytest.mark.parametrize("k", [512, 320], ids=["even-k", "ragged-k"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_gated_form_is_the_plain_gemm_then_silu_times_up_bit_for_bit(
+    rows: int, k: int, dtype: torch.dtype, kernel_device: torch.device
+) -> None:
+    """SwiGLU's gate/up GEMM with the activation in its epilogue gives exactly the bits of the same config's plain
+    GEMM followed by the separate silu*up kernel (so the plan may swap one for the other freely), and both are
+    silu(gate) * up within one rounding of a float64 reference."""
+    from minedraft.engine.cuda.fused_kernels import silu_mul_triton
+    from minedraft.engine.cuda.skinny_gemm import shortlist_for, skinny_linear
+
+    inter = 40  # not a multiple of any N tile: the last gate and up tiles are masked
+    x, w, _ = operands(rows, 2 * inter, k, dtype, kernel_device, rows * 77 + k)
+    gate, up = (x.double() @ w.double().t()).chunk(2, dim=-1)
+    want = (torch.nn.functional.silu(gate) * up).cpu()
+    configs = picks(rows, dtype, False) + (shortlist_for(rows, dtype.itemsize, glu=True)
+                                           if kernel_device.type == "cuda" else [])
+    for config in configs:
+        got = skinny_linear(x.reshape(1, rows, k), w, None, config, glu=True)
+        assert got.shape == (1, rows, inter) and got.dtype == dtype
+        two_kernels = silu_mul_triton(skinny_linear(x, w, None, config))
+        assert torch.equal(got.reshape(rows, inter), two_kernels), config.name
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        err = (got.reshape(rows, inter).double().cpu() - want).abs().max().item() / want.abs().max().item()
+        assert err < tol, config.name
+
+
+def test_the_gated_form_refuses_a_bias_or_an_odd_weight(kernel_device: torch.device) -> None:
+    from minedraft.engine.cuda.skinny_gemm import configs_for, skinny_linear
+
+    x, w, b = operands(1, 32, 64, torch.float32, kernel_device, 3)
+    config = configs_for(1)[0]
+    with pytest.raises(ValueError, match="even number of weight rows"):
+        skinny_linear(x, w, b, config, glu=True)
+    with pytest.raises(ValueError, match="even number of weight rows"):
+        skinny_linear(x, w[:31], None, config, glu=True)
+
+
+def test_every_gated_shortlisted_config_fits_its_staged_tiles() -> None:
+    pytest.importorskip("triton")
+    from minedraft.engine.cuda.skinny_gemm import BY_NAME, GLU_SHORTLIST, SMEM, shortlist_for
+
+    for rows, names in GLU_SHORTLIST.items():
+        assert [c.name for c in shortlist_for(rows, 2, glu=True)] == list(names)  # none dropped for bf16
+        assert all(BY_NAME[n].staged_bytes(2, glu=True) <= SMEM for n in names)
+    # the plain shortlist's two-stage-heavy tiles would not fit gated: the gated list is not the plain one
+    assert shortlist_for(16, 2, glu=True) != shortlist_for(16, 2)

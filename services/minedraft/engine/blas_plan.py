@@ -20,6 +20,11 @@ In mode auto a shape of at most 64 rows also has the few-row Triton GEMM's short
 candidates (`engine/cuda/skinny_gemm.py`: one kernel where cuBLAS splits K into two, narrower tiles that
 fill the GPU at one row); a choice `triton:<config>` makes the engine's `linear` run that kernel instead
 of `F.linear`. Any candidate must beat cuBLAS by `MARGIN` to be kept.
+
+SwiGLU's gate/up projection is planned as its own operation (`apply_glu`, op "glu"): the candidates are each
+library's GEMM followed by the silu*up kernel, and the gated Triton GEMM that applies the activation in its
+epilogue (one kernel instead of two, no [rows, 2 I] round trip); the timed graphs hold both kernels where a
+library is timed, so the choice weighs the kernel the fused form saves.
 """
 
 from __future__ import annotations
@@ -47,21 +52,28 @@ REPEATS = 5  # timed passes per library; the fastest counts
 HALF_TYPES = (torch.bfloat16, torch.float16)
 
 TRITON = "triton:"  # prefix of a choice that runs the few-row Triton GEMM with the named config
+GLU = "glu:"  # prefix of a timed candidate of the gated op: the GEMM, then silu * up
+OPS = ("linear", "glu")
 
-Key = tuple[int, int, int, torch.dtype]  # (rows, out features, in features, dtype)
+Key = tuple[int, int, int, torch.dtype, str]  # (rows, out features, in features, dtype, op)
 Shape = tuple[int, int, torch.dtype]
 TimeFn = Callable[[str, int, Sequence[torch.Tensor]], float]  # (choice, rows, weights) -> ms per GEMM
 SetFn = Callable[[str], object]
 ExtraFn = Callable[[int, torch.dtype], Sequence[str]]  # (rows, dtype) -> choices besides the two libraries
 
 
-def triton_choices(rows: int, dtype: torch.dtype) -> list[str]:
-    """The few-row Triton GEMM's shortlisted configs for `rows` rows (none without Triton or past 64 rows)."""
+def triton_choices(rows: int, dtype: torch.dtype, glu: bool = False) -> list[str]:
+    """The few-row Triton GEMM's shortlisted configs for `rows` rows (none without Triton or past 64 rows);
+    with `glu`, those of the gated form."""
     try:
         from minedraft.engine.cuda.skinny_gemm import shortlist_for
     except ImportError:
         return []
-    return [TRITON + config.name for config in shortlist_for(rows, dtype.itemsize)]
+    return [TRITON + config.name for config in shortlist_for(rows, dtype.itemsize, glu)]
+
+
+def triton_glu_choices(rows: int, dtype: torch.dtype) -> list[str]:
+    return triton_choices(rows, dtype, glu=True)
 
 
 def skinny_config(choice: str) -> SkinnyConfig | None:
@@ -73,32 +85,38 @@ def skinny_config(choice: str) -> SkinnyConfig | None:
     return BY_NAME[choice[len(TRITON):]]
 
 
-def triton_linear(choice: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` through the Triton config of a `triton:<name>` choice."""
+def triton_linear(choice: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  glu: bool = False) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` through the Triton config of a `triton:<name>` choice; with `glu`, silu(gate) *
+    up of a fused gate/up weight in one kernel."""
     from minedraft.engine.cuda.skinny_gemm import skinny_linear
 
     config = skinny_config(choice)
     if config is None:
         raise ValueError(f"{choice!r} is not a Triton choice")
-    return skinny_linear(x, weight, bias, config)
+    return skinny_linear(x, weight, bias, config, glu)
 
 
 def gemm_ms(choice: str, rows: int, weights: Sequence[torch.Tensor]) -> float:
     """Milliseconds per GEMM of `rows` rows under `choice` (a library, or a Triton config), over these weights
     in turn: a CUDA graph of one GEMM per weight, as a step's graph runs them (timed eagerly, the host's
     launch cost would hide a short kernel's speed), the fastest of REPEATS replays after an untimed one. An
-    eager pass before the capture compiles and sets up the library's handles."""
+    eager pass before the capture compiles and sets up the library's handles. A `glu:` choice times the gated
+    op: a library's GEMM followed by the silu*up kernel, or the gated Triton GEMM."""
+    glu = choice.startswith(GLU)
+    choice = choice.removeprefix(GLU)
     config = skinny_config(choice)
     if config is None:
         torch.backends.cuda.preferred_blas_library(choice)
+        from minedraft.engine.cuda.fused_kernels import silu_mul_triton
 
         def gemm(x: torch.Tensor, weight: torch.Tensor) -> object:
-            return F.linear(x, weight)
+            return silu_mul_triton(F.linear(x, weight)) if glu else F.linear(x, weight)
     else:
         from minedraft.engine.cuda.skinny_gemm import skinny_linear
 
         def gemm(x: torch.Tensor, weight: torch.Tensor) -> object:
-            return skinny_linear(x, weight, None, config)
+            return skinny_linear(x, weight, None, config, glu)
     first = weights[0]
     x = torch.randn(rows, first.shape[1], device=first.device, dtype=first.dtype)
     gemm(x, first)
@@ -135,6 +153,7 @@ class BlasPlan:
     set_fn: SetFn = set_library
     device_types: tuple[str, ...] = ("cuda",)
     extra_fn: ExtraFn = triton_choices
+    glu_extra_fn: ExtraFn = triton_glu_choices
     chosen: dict[Key, str] = field(default_factory=dict)
     timings: dict[Key, dict[str, float]] = field(default_factory=dict)  # ms per GEMM, per choice
     pending: set[Key] = field(default_factory=set)
@@ -165,50 +184,64 @@ class BlasPlan:
     def apply(self, x: torch.Tensor, weight: torch.Tensor) -> str | None:
         """Before a GEMM inside `choosing`: set its shape's library, or note the shape for `settle`. Returns
         the `triton:<config>` choice when the shape runs the Triton GEMM instead (the caller runs it)."""
-        if not self.active or weight.device.type not in self.device_types or weight.dtype not in HALF_TYPES:
+        choice = self._choice(x, weight, "linear")
+        return choice if choice is not None and choice.startswith(TRITON) else None
+
+    def apply_glu(self, x: torch.Tensor, weight: torch.Tensor) -> str | None:
+        """As `apply`, for SwiGLU's gate/up GEMM and its activation: the choice (a library, now set, or a
+        `triton:<config>` the caller runs gated); None where the plan is not in effect (eager work, another
+        device or dtype), where the caller runs its usual path."""
+        return self._choice(x, weight, "glu")
+
+    def _choice(self, x: torch.Tensor, weight: torch.Tensor, op: str) -> str | None:
+        if not self.active or not isinstance(weight, torch.Tensor) or weight.device.type not in self.device_types \
+                or weight.dtype not in HALF_TYPES:
             return None
         out_features, in_features = weight.shape
-        key = (x.numel() // in_features, out_features, in_features, weight.dtype)
+        key = (x.numel() // in_features, out_features, in_features, weight.dtype, op)
         choice = self.chosen.get(key)
         if choice is None:
             self.pending.add(key)
             if weight.stride(1) == 1:  # the Triton candidates read rows of the weight as they lie
-                self.weights.setdefault(key[1:], {}).setdefault(weight.data_ptr(), weight)
+                self.weights.setdefault(key[1:4], {}).setdefault(weight.data_ptr(), weight)
             choice = DEFAULT
         if choice.startswith(TRITON):
             if weight.stride(1) == 1:
                 return choice
             choice = DEFAULT
         self._set(choice)
-        return None
+        return choice
 
     def settle(self) -> None:
         """Time both libraries for every shape met since the last call and keep the faster (outside a capture)."""
-        for key in sorted(self.pending, key=lambda k: (k[0], k[1], k[2])):
-            rows, out_features, in_features, dtype = key
-            weights = list(self.weights.get(key[1:], {}).values())
+        for key in sorted(self.pending, key=lambda k: (k[0], k[1], k[2], k[4])):
+            rows, out_features, in_features, dtype, op = key
+            weights = list(self.weights.get(key[1:4], {}).values())
             if not weights:  # only strided weights of this shape: cuBLAS runs them
                 self.timings[key], self.chosen[key] = {}, DEFAULT
                 continue
-            ms = {choice: self.time_fn(choice, rows, weights) for choice in (*LIBRARIES, *self.extra_fn(rows, dtype))}
+            glu = op == "glu"
+            extra = self.glu_extra_fn(rows, dtype) if glu else self.extra_fn(rows, dtype)
+            prefix = GLU if glu else ""
+            ms = {choice: self.time_fn(prefix + choice, rows, weights) for choice in (*LIBRARIES, *extra)}
             best = min(ms, key=ms.__getitem__)
             choice = best if ms[best] < ms[DEFAULT] * (1.0 - MARGIN) else DEFAULT
             self.timings[key], self.chosen[key] = ms, choice
-            log.debug("%d rows x %d -> %d over %d weights: %s: %s", rows, in_features, out_features, len(weights),
-                      ", ".join(f"{c} {t * 1e3:.1f} us" for c, t in ms.items()), choice)
+            log.debug("%s %d rows x %d -> %d over %d weights: %s: %s", op, rows, in_features, out_features,
+                      len(weights), ", ".join(f"{c} {t * 1e3:.1f} us" for c, t in ms.items()), choice)
         if self.pending:
             self.pending.clear()
             self.current = ""  # timing set the library itself
             self._set(DEFAULT)
 
     def table(self) -> list[dict[str, object]]:
-        """The choices so far, for a benchmark's report: rows, shape, both libraries' timings and the best
-        Triton config's (us, None where none ran), the choice kept."""
+        """The choices so far, for a benchmark's report: rows, shape, op, both libraries' timings and the best
+        Triton config's (us, None where none ran; a gated op's include its activation), the choice kept."""
         rows = []
-        for k, t in sorted(self.timings.items(), key=lambda kv: kv[0][:3]):
+        for k, t in sorted(self.timings.items(), key=lambda kv: (*kv[0][:3], kv[0][4])):
             tritons = {c: ms for c, ms in t.items() if c.startswith(TRITON)}
             best = min(tritons, key=tritons.__getitem__) if tritons else None
-            rows.append({"rows": k[0], "out": k[1], "in": k[2],
+            rows.append({"rows": k[0], "out": k[1], "in": k[2], "op": k[4],
                          **{f"{lib}_us": round(t[lib] * 1e3, 2) if lib in t else None for lib in LIBRARIES},
                          "triton_us": round(tritons[best] * 1e3, 2) if best else None,
                          "triton": best[len(TRITON):] if best else None, "library": self.chosen[k]})

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from minedraft.engine.blas_plan import PLAN, triton_linear
+from minedraft.engine.blas_plan import PLAN, TRITON, triton_linear
 from minedraft.engine.config import RopeConfig
 from minedraft.engine.fp8_linear import fp8_linear, kernel_supported
 from minedraft.engine.fp8_weights import Fp8Weight, fuse_fp8, is_fp8, linear_weight
@@ -160,5 +160,14 @@ class SwiGLU(nn.Module):
         self.down_weight = gemm_weight(linear_weight(self.down_proj))
 
     def forward(self, x: torch.Tensor, backend: str = "torch") -> torch.Tensor:
+        """Inside a CUDA graph's capture (`--blas auto`) the plan may run gate/up and the activation as one
+        gated Triton GEMM (`engine/blas_plan.py`); the same bits as the two kernels it replaces."""
         assert self.gate_up_weight is not None and self.down_weight is not None, "fuse() first"
-        return linear(silu_and_mul(linear(x, self.gate_up_weight), backend), self.down_weight)
+        choice = PLAN.apply_glu(x, self.gate_up_weight) if backend == "triton" and PLAN.active else None
+        if choice is None:
+            act = silu_and_mul(linear(x, self.gate_up_weight), backend)
+        elif choice.startswith(TRITON):
+            act = triton_linear(choice, x, self.gate_up_weight, None, glu=True)
+        else:  # the plan set this library for the GEMM
+            act = silu_and_mul(F.linear(x, self.gate_up_weight), backend)  # type: ignore[arg-type]
+        return linear(act, self.down_weight)

@@ -15,6 +15,14 @@ Two forms of the inner product:
 - `fma` (one row only): element-wise products accumulated in a [BLOCK_N, BLOCK_K] float32 tile and summed at
   the end, which allows tiles narrower than the tensor cores' 16 features.
 
+Gated (`glu=True`, SwiGLU's gate/up projection): the weight is the fused [2 I, K] gate/up matrix and the
+output is silu(gate) * up, [rows, I]. A program owns BLOCK_N gate features and the same BLOCK_N up features
+(two weight tiles, two accumulators), so the activation is applied in the epilogue and the layer's separate
+silu*up kernel and its [rows, 2 I] round trip disappear. Each gate and up value is summed exactly as the
+plain kernel of the same config sums it and rounded to the activation dtype before the activation, which
+rounds where `fused_kernels.silu_mul_triton` does: the gated kernel gives the same bits as that config's
+plain GEMM followed by the silu*up kernel.
+
 Which config a shape runs is the BLAS plan's choice (`engine/blas_plan.py`): it times these next to cuBLAS
 and cuBLASLt over the model's own weights and keeps the fastest. Accumulation is float32 and the output is
 rounded once to the activation dtype, as cuBLAS does; only the order of the sum differs. No host sync; the
@@ -48,11 +56,12 @@ class SkinnyConfig:
     def fits(self, rows: int) -> bool:
         return rows <= self.block_m
 
-    def staged_bytes(self, element_size: int) -> int:
-        """Shared memory a dot config's pipelined x and W tiles take (fma configs keep theirs in registers)."""
+    def staged_bytes(self, element_size: int, glu: bool = False) -> int:
+        """Shared memory a dot config's pipelined x and W tiles take (fma configs keep theirs in registers); a
+        gated GEMM stages two W tiles."""
         if self.form == "fma":
             return 0
-        return (self.block_m + self.block_n) * self.block_k * element_size * self.stages
+        return (self.block_m + self.block_n * (2 if glu else 1)) * self.block_k * element_size * self.stages
 
 
 SMEM = 160 << 10  # staged tiles a config may ask for: a Hopper SM has 228 KB, with room kept to spare
@@ -60,10 +69,20 @@ MAX_ROWS = 64  # beyond this the weight is re-read per row tile and cuBLAS's own
 
 
 @triton.jit
+def _silu_times(gate, up, dtype: tl.constexpr):
+    """silu(gate) * up from float32 sums, rounded to `dtype` where the separate silu*up kernel rounds: the sums
+    as the plain GEMM stores them, the activation, the product."""
+    g = gate.to(dtype).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    return act * up.to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _skinny_dot_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    GLU: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -73,27 +92,43 @@ def _skinny_dot_kernel(
     n_mask = offs_n < N
     x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    u_ptrs = w_ptrs + N * stride_wn  # gated: the up rows follow the N gate rows
     if SWAP_AB:  # noqa: SIM108  (a constexpr branch: the accumulator's shape differs)
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros_like(acc)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
             w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+            if GLU:
+                u = tl.load(u_ptrs, mask=n_mask[:, None], other=0.0)
         else:
             k_mask = (k0 + offs_k) < K
             x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            if GLU:
+                u = tl.load(u_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if UPCAST_DOT:  # interpreter only: its tl.dot cannot multiply bf16/fp16 operands
             x = x.to(tl.float32)
             w = w.to(tl.float32)
+            if GLU:
+                u = u.to(tl.float32)
         if SWAP_AB:
             acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+            if GLU:
+                acc_up = tl.dot(u, tl.trans(x), acc_up, input_precision=DOT_PRECISION)
         else:
             acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+            if GLU:
+                acc_up = tl.dot(x, tl.trans(u), acc_up, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+        if GLU:
+            u_ptrs += BLOCK_K
+    if GLU:
+        acc = _silu_times(acc, acc_up, y_ptr.dtype.element_ty)
     if SWAP_AB:  # acc is [BLOCK_N, BLOCK_M]: features by rows
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
@@ -110,6 +145,7 @@ def _skinny_dot_kernel(
 def _skinny_fma_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    GLU: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -117,31 +153,48 @@ def _skinny_fma_kernel(
     n_mask = offs_n < N
     x_ptrs = x_ptr + offs_k
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    u_ptrs = w_ptrs + N * stride_wn  # gated: the up rows follow the N gate rows
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    acc_up = tl.zeros_like(acc)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             x = tl.load(x_ptrs)
             w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+            if GLU:
+                u = tl.load(u_ptrs, mask=n_mask[:, None], other=0.0)
         else:
             k_mask = (k0 + offs_k) < K
             x = tl.load(x_ptrs, mask=k_mask, other=0.0)
             w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            if GLU:
+                u = tl.load(u_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        if GLU:
+            acc_up += u.to(tl.float32) * x.to(tl.float32)[None, :]
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+        if GLU:
+            u_ptrs += BLOCK_K
     y = tl.sum(acc, 1)
+    if GLU:
+        y = _silu_times(y, tl.sum(acc_up, 1), y_ptr.dtype.element_ty)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 def skinny_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: SkinnyConfig
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: SkinnyConfig, glu: bool = False
 ) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for x [..., K] of at most `config.block_m` rows, weight [N, K]."""
+    """`F.linear(x, weight, bias)` for x [..., K] of at most `config.block_m` rows, weight [N, K]; with `glu`,
+    weight is a fused gate/up [2 I, K] (no bias) and the result silu(gate) * up, [..., I]."""
     n, k = weight.shape
     if weight.stride(1) != 1:
         raise ValueError("the weight's rows must be contiguous")
+    if glu:
+        if bias is not None or n % 2:
+            raise ValueError("a gated GEMM takes an even number of weight rows (gate, then up) and no bias")
+        n //= 2
     x2 = x.reshape(-1, k)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
@@ -157,7 +210,7 @@ def skinny_linear(
     if config.form == "fma":
         _skinny_fma_kernel[grid](
             x2, weight, b, y, n, k, weight.stride(0),
-            HAS_BIAS=bias is not None, BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=even_k,
+            HAS_BIAS=bias is not None, BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=even_k, GLU=glu,
             num_warps=config.warps, num_stages=config.stages,
         )
     else:
@@ -166,7 +219,7 @@ def skinny_linear(
             HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
             EVEN_K=even_k, SWAP_AB=config.form == "swap",
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            UPCAST_DOT=_INTERPRET and x.dtype != torch.float32,
+            UPCAST_DOT=_INTERPRET and x.dtype != torch.float32, GLU=glu,
             num_warps=config.warps, num_stages=config.stages,
         )
     return y.reshape(*x.shape[:-1], n)
@@ -178,7 +231,8 @@ def _configs() -> tuple[SkinnyConfig, ...]:
     for bm in (16, 32, 64):
         out += [SkinnyConfig("dot", bm, bn, bk, 4, s) for bn in (16, 32, 64) for bk in (128, 256) for s in (3, 4)]
         out += [SkinnyConfig("dot", bm, bn, 256, 4, 5) for bn in (16, 32)]
-        out += [SkinnyConfig("swap", bm, bn, bk, 4, s) for bn in (64, 128) for bk in (64, 128, 256) for s in (3, 4)]
+        out += [SkinnyConfig("swap", bm, bn, bk, 4, s) for bn in (64, 128) for bk in (64, 128, 256)
+                for s in (2, 3, 4)]
         out += [SkinnyConfig("dot", bm, 64, 128, 8, 3), SkinnyConfig("dot", bm, 128, 64, 8, 3)]
     return tuple(c for c in out if c.staged_bytes(2) <= SMEM)
 
@@ -195,6 +249,14 @@ SHORTLIST = {
     32: ("swap32x64x128w4s4", "swap32x64x256w4s3", "swap32x128x128w4s3", "dot32x16x256w4s4"),
     64: ("dot64x32x128w4s4", "dot64x64x128w4s4", "swap64x128x128w4s3"),
 }
+# The gated GEMM stages two weight tiles per K step, so most of the plain shortlist's tiles fit only with fewer
+# stages: the same tiles with as many stages as fit (the gated form streams twice the bytes per stage).
+GLU_SHORTLIST = {
+    1: ("fma1x8x512w4s3", "fma1x4x512w4s3", "fma1x8x256w4s3"),
+    16: ("swap16x64x128w4s4", "swap16x64x256w4s2", "swap16x128x128w4s2", "dot16x32x256w4s3"),
+    32: ("swap32x64x128w4s3", "swap32x128x128w4s2", "swap32x64x64w4s4", "dot32x16x256w4s4"),
+    64: ("dot64x32x128w4s4", "dot64x64x128w4s3", "swap64x64x128w4s3"),
+}
 
 
 def configs_for(rows: int, element_size: int = 2) -> list[SkinnyConfig]:
@@ -210,10 +272,12 @@ def configs_for(rows: int, element_size: int = 2) -> list[SkinnyConfig]:
     return fitting
 
 
-def shortlist_for(rows: int, element_size: int = 2) -> list[SkinnyConfig]:
-    """The configs worth timing for `rows` rows: the row tile's shortlist (at one row, the one-row forms')."""
+def shortlist_for(rows: int, element_size: int = 2, glu: bool = False) -> list[SkinnyConfig]:
+    """The configs worth timing for `rows` rows: the row tile's shortlist (at one row, the one-row forms'), those
+    whose staged tiles fit when gated too where `glu`."""
     if rows < 1 or rows > MAX_ROWS:
         return []
     block_m = max(16, triton.next_power_of_2(rows))
-    names = SHORTLIST[1] if rows == 1 else SHORTLIST[block_m]
-    return [BY_NAME[n] for n in names if BY_NAME[n].staged_bytes(element_size) <= SMEM]
+    table = GLU_SHORTLIST if glu else SHORTLIST
+    names = table[1] if rows == 1 else table[block_m]
+    return [BY_NAME[n] for n in names if BY_NAME[n].staged_bytes(element_size, glu) <= SMEM]
