@@ -277,3 +277,47 @@ def test_the_gated_candidates_are_the_kernels_gated_shortlist() -> None:
         assert gated and gated == triton_choices(rows, torch.bfloat16, glu=True)
         assert all(skinny_config(c).staged_bytes(2, glu=True) <= SMEM for c in gated)
     assert triton_glu_choices(65, torch.bfloat16) == []
+
+
+def test_the_rope_op_is_planned_with_its_geometry_and_timed_as_one_step() -> None:
+    """q/k/v with rotary embedding and the KV write is its own op, named with the heads' geometry: its
+    candidates are timed under `rope<H>x<Hkv>x<D>:`, the Triton ones offered for that head width, and the choice
+    comes back to the caller (a library now set, or the one-kernel config)."""
+    from minedraft.engine.blas_ops import rope_geometry, rope_op, split_choice
+
+    rec = GluRecorder(fast_glu=False)
+    plan = rec.plan()
+    asked: list[tuple[int, int]] = []
+
+    def rope_extra(rows: int, dtype: torch.dtype, head_dim: int) -> tuple[str, ...]:
+        asked.append((rows, head_dim))
+        return ("triton:r",)
+
+    plan.rope_extra_fn = rope_extra
+    times = {"cublas": 1.0, "cublaslt": 1.0, "triton:r": 0.5}
+    plan.time_fn = lambda choice, rows, ws: (rec.timed.append((choice, rows, ws[0].shape[0], len(ws))),
+                                             times[split_choice(choice)[1]])[1]
+    qkv = weights(4 * 8 + 2 * 2 * 8, 2)  # 4 query heads, 2 kv heads of width 8
+    x = torch.randn(3, K, dtype=torch.bfloat16)
+    with plan.choosing():
+        assert [plan.apply_rope(x, w, 4, 2, 8) for w in qkv] == ["cublas", "cublas"]  # first warm-up
+        plan.settle()
+        assert plan.apply_rope(x, qkv[0], 4, 2, 8) == "triton:r"
+    assert asked == [(3, 8)] and rope_op(4, 2, 8) == "rope4x2x8" and rope_geometry("rope4x2x8") == (4, 2, 8)
+    assert sorted(c for c, *_ in rec.timed) == ["rope4x2x8:cublas", "rope4x2x8:cublaslt", "rope4x2x8:triton:r"]
+    assert all(n == 2 for *_, n in rec.timed)  # over both layers' weights
+    assert [r["op"] for r in plan.table()] == ["rope4x2x8"]
+    assert split_choice("glu:triton:a") == ("glu", "triton:a") and split_choice("triton:a") == ("linear", "triton:a")
+    assert split_choice("cublas") == ("linear", "cublas") and rope_geometry("glu") is None
+
+
+def test_the_rope_candidates_are_the_tiles_that_divide_half_a_head() -> None:
+    pytest.importorskip("triton")
+    from minedraft.engine.blas_plan import skinny_config, triton_glu_choices, triton_rope_choices
+
+    for rows in (1, 16, 20, 64):
+        wide = triton_rope_choices(rows, torch.bfloat16, 128)
+        assert wide and set(wide) <= set(triton_glu_choices(rows, torch.bfloat16))
+        assert all(64 % skinny_config(c).block_n == 0 for c in wide)
+        narrow = triton_rope_choices(rows, torch.bfloat16, 32)
+        assert all(skinny_config(c).block_n <= 16 for c in narrow)

@@ -21,7 +21,8 @@ from tests.gpu.kernel_cases import make_cases
 from tests.gpu.kernel_mode import kernel_mode
 
 KERNEL_MODULES = ("minedraft.engine.cuda.paged_attention", "minedraft.engine.cuda.fused_kernels",
-                  "minedraft.engine.cuda.greedy_verdict", "minedraft.engine.cuda.skinny_gemm")
+                  "minedraft.engine.cuda.greedy_verdict", "minedraft.engine.cuda.skinny_gemm",
+                  "minedraft.engine.cuda.skinny_rope")
 
 
 def _patch_interpreter_scalar_index() -> None:

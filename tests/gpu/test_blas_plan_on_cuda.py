@@ -9,6 +9,8 @@ import torch
 
 from minedraft.bundled import TINY_TARGET
 from minedraft.engine import blas_plan, layers
+from minedraft.engine import model as model_module
+from minedraft.engine.blas_ops import rope_op, split_choice
 from minedraft.engine.blas_plan import BlasPlan
 from minedraft.engine.loader import load_model
 from minedraft.engine.runner import ModelRunner
@@ -26,6 +28,7 @@ def graphed_against_eager(plan: BlasPlan, device: torch.device, monkeypatch: pyt
     and each step's relative logit difference from the eager step's."""
     monkeypatch.setattr(blas_plan, "PLAN", plan)
     monkeypatch.setattr(layers, "PLAN", plan)
+    monkeypatch.setattr(model_module, "PLAN", plan)
     model = load_model(TINY_TARGET, device, torch.bfloat16)
     graphed = ModelRunner(model, 256, 16, device)
     eager = ModelRunner(model, 256, 16, device, cuda_graphs=False)
@@ -68,19 +71,21 @@ def test_graphs_run_the_triton_gemm_where_the_plan_keeps_it(batch: int, cuda_dev
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Every shape's Triton candidates timed for real, then counted 100x faster so the plan keeps one: the
     graphs replay the kernel (one-row forms at batch 1, tensor-core tiles at 4 and 20 rows; SwiGLU's gate/up as
-    the gated kernel, its activation in the epilogue) and their logits agree with the eager cuBLAS step's as
+    the gated kernel, its activation in the epilogue; q/k/v with the rotation and the KV write in its epilogue,
+    whose cache the next steps read) and their logits agree with the eager cuBLAS step's as
     closely as cuBLAS's own graphs do."""
     def favour_triton(choice: str, rows: int, weights: list[torch.Tensor]) -> float:
         ms = blas_plan.gemm_ms(choice, rows, weights)
-        return ms / 100 if choice.removeprefix(blas_plan.GLU).startswith(blas_plan.TRITON) else ms
+        return ms / 100 if split_choice(choice)[1].startswith(blas_plan.TRITON) else ms
 
     plan = BlasPlan(mode="auto", time_fn=favour_triton)
-    _, errors = graphed_against_eager(plan, cuda_device, monkeypatch, batch)
+    model, errors = graphed_against_eager(plan, cuda_device, monkeypatch, batch)
     assert max(errors) < 3e-2, errors
     table = plan.table()
     assert {row["rows"] for row in table} == {batch, batch * 5}
     assert all(str(row["library"]).startswith(blas_plan.TRITON) for row in table), table
-    assert {row["op"] for row in table} == {"linear", "glu"}
+    cfg = model.config
+    assert {row["op"] for row in table} == {"linear", "glu", rope_op(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)}
     forms = {rows: {blas_plan.skinny_config(str(r["library"])).form for r in table if r["rows"] == rows}
              for rows in (batch, batch * 5)}
     assert forms[batch * 5] <= {"dot", "swap"} and forms[batch] <= ({"fma"} if batch == 1 else {"dot", "swap"})

@@ -24,7 +24,10 @@ of `F.linear`. Any candidate must beat cuBLAS by `MARGIN` to be kept.
 SwiGLU's gate/up projection is planned as its own operation (`apply_glu`, op "glu"): the candidates are each
 library's GEMM followed by the silu*up kernel, and the gated Triton GEMM that applies the activation in its
 epilogue (one kernel instead of two, no [rows, 2 I] round trip); the timed graphs hold both kernels where a
-library is timed, so the choice weighs the kernel the fused form saves.
+library is timed, so the choice weighs the kernel the fused form saves. The q/k/v projection is planned
+likewise with the rotary embedding and the KV write behind it (`apply_rope`, op `rope<H>x<Hkv>x<D>`: a
+library's GEMM and the rope+store kernel against `engine/cuda/skinny_rope.py`'s one kernel), for models
+without q/k norms. The ops and what their timed candidates run: `engine/blas_ops.py`.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
+
+from minedraft.engine.blas_ops import GLU_OP, LINEAR, prefix, rope_geometry, rope_op, split_choice, timed_gemm
 
 if TYPE_CHECKING:
     from minedraft.engine.cuda.skinny_gemm import SkinnyConfig
@@ -52,8 +56,7 @@ REPEATS = 5  # timed passes per library; the fastest counts
 HALF_TYPES = (torch.bfloat16, torch.float16)
 
 TRITON = "triton:"  # prefix of a choice that runs the few-row Triton GEMM with the named config
-GLU = "glu:"  # prefix of a timed candidate of the gated op: the GEMM, then silu * up
-OPS = ("linear", "glu")
+GLU = prefix(GLU_OP)  # prefix of a timed candidate of the gated op: the GEMM, then silu * up
 
 Key = tuple[int, int, int, torch.dtype, str]  # (rows, out features, in features, dtype, op)
 Shape = tuple[int, int, torch.dtype]
@@ -74,6 +77,15 @@ def triton_choices(rows: int, dtype: torch.dtype, glu: bool = False) -> list[str
 
 def triton_glu_choices(rows: int, dtype: torch.dtype) -> list[str]:
     return triton_choices(rows, dtype, glu=True)
+
+
+def triton_rope_choices(rows: int, dtype: torch.dtype, head_dim: int) -> list[str]:
+    """The fused q/k/v + rotary kernel's configs: the gated shortlist's tiles that divide half a head."""
+    try:
+        from minedraft.engine.cuda.skinny_rope import rope_shortlist
+    except ImportError:
+        return []
+    return [TRITON + config.name for config in rope_shortlist(rows, head_dim, dtype.itemsize)]
 
 
 def skinny_config(choice: str) -> SkinnyConfig | None:
@@ -97,26 +109,27 @@ def triton_linear(choice: str, x: torch.Tensor, weight: torch.Tensor, bias: torc
     return skinny_linear(x, weight, bias, config, glu)
 
 
+def qkv_rope_triton(choice: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    cos_sin: tuple[torch.Tensor, torch.Tensor], slot_mapping: torch.Tensor,
+                    kv: tuple[torch.Tensor, torch.Tensor], heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
+    """q of the fused q/k/v projection, rotated, with k and v written to the cache, in the one kernel of a
+    `triton:<name>` choice of the rope op."""
+    from minedraft.engine.cuda.skinny_rope import skinny_qkv_rope
+
+    config = skinny_config(choice)
+    if config is None:
+        raise ValueError(f"{choice!r} is not a Triton choice")
+    return skinny_qkv_rope(x, weight, bias, config, cos_sin, slot_mapping, kv, heads, kv_heads, head_dim)
+
+
 def gemm_ms(choice: str, rows: int, weights: Sequence[torch.Tensor]) -> float:
     """Milliseconds per GEMM of `rows` rows under `choice` (a library, or a Triton config), over these weights
     in turn: a CUDA graph of one GEMM per weight, as a step's graph runs them (timed eagerly, the host's
     launch cost would hide a short kernel's speed), the fastest of REPEATS replays after an untimed one. An
-    eager pass before the capture compiles and sets up the library's handles. A `glu:` choice times the gated
-    op: a library's GEMM followed by the silu*up kernel, or the gated Triton GEMM."""
-    glu = choice.startswith(GLU)
-    choice = choice.removeprefix(GLU)
-    config = skinny_config(choice)
-    if config is None:
-        torch.backends.cuda.preferred_blas_library(choice)
-        from minedraft.engine.cuda.fused_kernels import silu_mul_triton
-
-        def gemm(x: torch.Tensor, weight: torch.Tensor) -> object:
-            return silu_mul_triton(F.linear(x, weight)) if glu else F.linear(x, weight)
-    else:
-        from minedraft.engine.cuda.skinny_gemm import skinny_linear
-
-        def gemm(x: torch.Tensor, weight: torch.Tensor) -> object:
-            return skinny_linear(x, weight, None, config, glu)
+    eager pass before the capture compiles and sets up the library's handles. `<op>:<candidate>` times that
+    op's work (`engine/blas_ops.py`): the gated gate/up, or q/k/v with rotary embedding and the KV write."""
+    op, candidate = split_choice(choice)
+    gemm = timed_gemm(op, candidate, rows, weights[0])
     first = weights[0]
     x = torch.randn(rows, first.shape[1], device=first.device, dtype=first.dtype)
     gemm(x, first)
@@ -154,6 +167,7 @@ class BlasPlan:
     device_types: tuple[str, ...] = ("cuda",)
     extra_fn: ExtraFn = triton_choices
     glu_extra_fn: ExtraFn = triton_glu_choices
+    rope_extra_fn: Callable[[int, torch.dtype, int], Sequence[str]] = triton_rope_choices
     chosen: dict[Key, str] = field(default_factory=dict)
     timings: dict[Key, dict[str, float]] = field(default_factory=dict)  # ms per GEMM, per choice
     pending: set[Key] = field(default_factory=set)
@@ -184,14 +198,19 @@ class BlasPlan:
     def apply(self, x: torch.Tensor, weight: torch.Tensor) -> str | None:
         """Before a GEMM inside `choosing`: set its shape's library, or note the shape for `settle`. Returns
         the `triton:<config>` choice when the shape runs the Triton GEMM instead (the caller runs it)."""
-        choice = self._choice(x, weight, "linear")
+        choice = self._choice(x, weight, LINEAR)
         return choice if choice is not None and choice.startswith(TRITON) else None
 
     def apply_glu(self, x: torch.Tensor, weight: torch.Tensor) -> str | None:
         """As `apply`, for SwiGLU's gate/up GEMM and its activation: the choice (a library, now set, or a
         `triton:<config>` the caller runs gated); None where the plan is not in effect (eager work, another
         device or dtype), where the caller runs its usual path."""
-        return self._choice(x, weight, "glu")
+        return self._choice(x, weight, GLU_OP)
+
+    def apply_rope(self, x: torch.Tensor, weight: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> str | None:
+        """As `apply_glu`, for the fused q/k/v projection followed by rotary embedding and the KV write (a
+        `triton:<config>` choice runs them as one kernel, `engine/cuda/skinny_rope.py`)."""
+        return self._choice(x, weight, rope_op(heads, kv_heads, head_dim))
 
     def _choice(self, x: torch.Tensor, weight: torch.Tensor, op: str) -> str | None:
         if not self.active or not isinstance(weight, torch.Tensor) or weight.device.type not in self.device_types \
@@ -220,10 +239,8 @@ class BlasPlan:
             if not weights:  # only strided weights of this shape: cuBLAS runs them
                 self.timings[key], self.chosen[key] = {}, DEFAULT
                 continue
-            glu = op == "glu"
-            extra = self.glu_extra_fn(rows, dtype) if glu else self.extra_fn(rows, dtype)
-            prefix = GLU if glu else ""
-            ms = {choice: self.time_fn(prefix + choice, rows, weights) for choice in (*LIBRARIES, *extra)}
+            ms = {choice: self.time_fn(prefix(op) + choice, rows, weights)
+                  for choice in (*LIBRARIES, *self._extra(op, rows, dtype))}
             best = min(ms, key=ms.__getitem__)
             choice = best if ms[best] < ms[DEFAULT] * (1.0 - MARGIN) else DEFAULT
             self.timings[key], self.chosen[key] = ms, choice
@@ -233,6 +250,15 @@ class BlasPlan:
             self.pending.clear()
             self.current = ""  # timing set the library itself
             self._set(DEFAULT)
+
+    def _extra(self, op: str, rows: int, dtype: torch.dtype) -> Sequence[str]:
+        """The Triton candidates of `op` at `rows` rows."""
+        if op == GLU_OP:
+            return self.glu_extra_fn(rows, dtype)
+        geometry = rope_geometry(op)
+        if geometry is not None:
+            return self.rope_extra_fn(rows, dtype, geometry[2])
+        return self.extra_fn(rows, dtype)
 
     def table(self) -> list[dict[str, object]]:
         """The choices so far, for a benchmark's report: rows, shape, op, both libraries' timings and the best

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from minedraft.engine.attention import AttentionMetadata, paged_attention, select_queries, take_rows
+from minedraft.engine.blas_plan import PLAN, TRITON, qkv_rope_triton
 from minedraft.engine.config import ModelConfig
 from minedraft.engine.fp8_weights import linear_weight
 from minedraft.engine.fused import add_rms_norm, rope_and_store
@@ -72,12 +74,22 @@ class Attention(nn.Module):
         [1, N, hidden], the valid tokens of the [B, Q] layout at those flat indices: the projections
         run on them alone and only the attention sees the padded layout (on the torch path; the triton path's
         metadata has the attention read the packed tokens themselves, `packed_metadata`)."""
-        qkv = linear(x, self.qkv_weight, self.qkv_bias)
         scatter = rows is not None and meta.q_offsets is None
-        if scatter:
-            qkv = unpack_rows(qkv, rows, meta.positions.shape)
         qk_norm = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
-        q = rope_and_store(qkv, cos_sin, kv, meta, self.num_heads, self.num_kv_heads, self.head_dim, qk_norm)
+        choice = None
+        if meta.backend == "triton" and qk_norm is None and not scatter and PLAN.active:
+            choice = PLAN.apply_rope(x, self.qkv_weight, self.num_heads, self.num_kv_heads, self.head_dim)
+        if choice is not None and choice.startswith(TRITON):  # one kernel: projection, rotation, KV write
+            q = qkv_rope_triton(choice, x, self.qkv_weight, self.qkv_bias, cos_sin, meta.slot_mapping, kv,
+                                self.num_heads, self.num_kv_heads, self.head_dim)
+        else:
+            if choice is None:
+                qkv = linear(x, self.qkv_weight, self.qkv_bias)
+            else:  # the plan set this library for the GEMM
+                qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # type: ignore[arg-type]
+            if scatter:
+                qkv = unpack_rows(qkv, rows, meta.positions.shape)
+            q = rope_and_store(qkv, cos_sin, kv, meta, self.num_heads, self.num_kv_heads, self.head_dim, qk_norm)
         if pick is not None:
             q, meta = take_rows(q, pick), select_queries(meta, pick)
         out = paged_attention(q, kv[0], kv[1], meta, self.scale)

@@ -209,6 +209,17 @@ def _skinny_fma_kernel(
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
+def token_rows(x: torch.Tensor, k: int, config: SkinnyConfig) -> torch.Tensor:
+    """x [..., K] as [rows, K] with contiguous rows, refused when `config` cannot run that many rows."""
+    x2 = x.reshape(-1, k)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    if not config.fits(rows) or (config.form == "fma" and rows != 1):
+        raise ValueError(f"config {config.name} does not run {rows} rows")
+    return x2
+
+
 def skinny_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: SkinnyConfig, glu: bool = False
 ) -> torch.Tensor:
@@ -221,12 +232,8 @@ def skinny_linear(
         if bias is not None or n % 2:
             raise ValueError("a gated GEMM takes an even number of weight rows (gate, then up) and no bias")
         n //= 2
-    x2 = x.reshape(-1, k)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
+    x2 = token_rows(x, k, config)
     rows = x2.shape[0]
-    if not config.fits(rows) or (config.form == "fma" and rows != 1):
-        raise ValueError(f"config {config.name} does not run {rows} rows")
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows == 0 or n == 0:
         return y.reshape(*x.shape[:-1], n)
