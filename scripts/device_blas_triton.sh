@@ -22,8 +22,8 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     echo "$tree $round exit $?"; grep -E "^\|" "$OUT/steps_${tree}_$round.log" | head -14
   done
 done
-# The plan's choices for SwiGLU's gate/up in this tree (op glu: the timings include the activation) and the
-# tree before it (op linear), per row count, from the first round.
+# The plan's choices for gate/up and q/k/v in this tree (ops glu and rope: the timings include the kernels they
+# fold in) and the tree before it (op linear), per row count, from the first round.
 python3 - "$OUT" <<'PY'
 import json, sys
 from pathlib import Path
@@ -32,6 +32,6 @@ for tree in ("snap", "new"):
     if not path.exists():
         continue
     for row in json.loads(path.read_text()).get("blas", {}).get("choices", []):
-        if row["out"] == 28672:
+        if row["out"] in (28672, 6144):
             print(tree, row)
 PY
