@@ -14,15 +14,29 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+if TYPE_CHECKING:
+    from minedraft.engine.cuda.skinny_gemm import SkinnyConfig
+
 LINEAR, GLU_OP = "linear", "glu"
+TRITON = "triton:"  # prefix of a choice that runs the few-row Triton GEMM with the named config
 _ROPE = re.compile(r"rope(\d+)x(\d+)x(\d+)")
 TIMING_BLOCK = 16  # the timing cache's block size (the kernels' speed does not depend on it)
 
 Gemm = Callable[[torch.Tensor, torch.Tensor], object]
+
+
+def skinny_config(choice: str) -> SkinnyConfig | None:
+    """The Triton config a `triton:<name>` choice names; None for a BLAS library."""
+    if not choice.startswith(TRITON):
+        return None
+    from minedraft.engine.cuda.skinny_gemm import BY_NAME
+
+    return BY_NAME[choice[len(TRITON):]]
 
 
 def rope_op(heads: int, kv_heads: int, head_dim: int) -> str:
@@ -52,8 +66,6 @@ def timed_gemm(op: str, candidate: str, rows: int, weight: torch.Tensor) -> Gemm
     """One step's work for `op` under `candidate`, as a function of (x, weight), with the inputs beside x that
     the op needs (rotary tables, slots, a KV cache) made here for `rows` tokens. A library candidate sets
     torch's library first."""
-    from minedraft.engine.blas_plan import skinny_config
-
     config = skinny_config(candidate)
     if config is None:
         torch.backends.cuda.preferred_blas_library(candidate)
@@ -74,7 +86,7 @@ def timed_gemm(op: str, candidate: str, rows: int, weight: torch.Tensor) -> Gemm
     return lambda x, w: skinny_linear(x, w, None, config)
 
 
-def _rope_gemm(geometry: tuple[int, int, int], config: object, rows: int, weight: torch.Tensor) -> Gemm:
+def _rope_gemm(geometry: tuple[int, int, int], config: SkinnyConfig | None, rows: int, weight: torch.Tensor) -> Gemm:
     from minedraft.engine.cuda.fused_kernels import rope_store_triton
     from minedraft.engine.cuda.skinny_rope import skinny_qkv_rope
 
@@ -94,6 +106,6 @@ def _rope_gemm(geometry: tuple[int, int, int], config: object, rows: int, weight
         return two_kernels
 
     def one_kernel(x: torch.Tensor, w: torch.Tensor) -> object:
-        return skinny_qkv_rope(x.view(1, rows, -1), w, None, config, (cos, sin), slots, (k_cache, v_cache),  # type: ignore[arg-type]
+        return skinny_qkv_rope(x.view(1, rows, -1), w, None, config, (cos, sin), slots, (k_cache, v_cache),
                                heads, kv_heads, head_dim)
     return one_kernel

@@ -37,14 +37,20 @@ import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-from minedraft.engine.blas_ops import GLU_OP, LINEAR, prefix, rope_geometry, rope_op, split_choice, timed_gemm
-
-if TYPE_CHECKING:
-    from minedraft.engine.cuda.skinny_gemm import SkinnyConfig
+from minedraft.engine.blas_ops import (
+    GLU_OP,
+    LINEAR,
+    TRITON,
+    prefix,
+    rope_geometry,
+    rope_op,
+    skinny_config,
+    split_choice,
+    timed_gemm,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +61,6 @@ MARGIN = 0.01  # cuBLASLt must beat cuBLAS by this fraction: noise must not flip
 REPEATS = 5  # timed passes per library; the fastest counts
 HALF_TYPES = (torch.bfloat16, torch.float16)
 
-TRITON = "triton:"  # prefix of a choice that runs the few-row Triton GEMM with the named config
 GLU = prefix(GLU_OP)  # prefix of a timed candidate of the gated op: the GEMM, then silu * up
 
 Key = tuple[int, int, int, torch.dtype, str]  # (rows, out features, in features, dtype, op)
@@ -86,15 +91,6 @@ def triton_rope_choices(rows: int, dtype: torch.dtype, head_dim: int) -> list[st
     except ImportError:
         return []
     return [TRITON + config.name for config in rope_shortlist(rows, head_dim, dtype.itemsize)]
-
-
-def skinny_config(choice: str) -> SkinnyConfig | None:
-    """The Triton config a `triton:<name>` choice names; None for a BLAS library."""
-    if not choice.startswith(TRITON):
-        return None
-    from minedraft.engine.cuda.skinny_gemm import BY_NAME
-
-    return BY_NAME[choice[len(TRITON):]]
 
 
 def triton_linear(choice: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
