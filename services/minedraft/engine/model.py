@@ -73,7 +73,9 @@ class Attention(nn.Module):
         queries attend and come out ([B, n, hidden]). With `rows` (engine/ragged.py) x is packed
         [1, N, hidden], the valid tokens of the [B, Q] layout at those flat indices: the projections
         run on them alone and only the attention sees the padded layout (on the torch path; the triton path's
-        metadata has the attention read the packed tokens themselves, `packed_metadata`)."""
+        metadata has the attention read the packed tokens themselves, `packed_metadata`). Inside a CUDA graph's
+        capture the BLAS plan may run the projection, the rotation and the KV write as one kernel
+        (`engine/cuda/skinny_rope.py`: the same bits as the two it replaces)."""
         scatter = rows is not None and meta.q_offsets is None
         qk_norm = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
         choice = None
