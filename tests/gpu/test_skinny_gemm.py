@@ -116,3 +116,47 @@ def test_every_gated_shortlisted_config_fits_its_staged_tiles() -> None:
         assert all(BY_NAME[n].staged_bytes(2, glu=True) <= SMEM for n in names)
     # the plain shortlist's two-stage-heavy tiles would not fit gated: the gated list is not the plain one
     assert shortlist_for(16, 2, glu=True) != shortlist_for(16, 2)
+
+
+@pytest.mark.parametrize("rows", [20, 33])
+@pytest.mark.parametrize("k", [512, 320], ids=["even-k", "ragged-k"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_split_k_configs_sum_their_shares_in_one_launch(rows: int, k: int, dtype: torch.dtype,
+                                                        kernel_device: torch.device) -> None:
+    """K split over 2 or 4 programs per tile (ragged K leaves a short or an empty last share): the linear with a
+    bias within one rounding of float64, the same bits on a second call, every arrival count back at zero, and
+    the gated form bit-identical to the split plain GEMM followed by silu*up."""
+    from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
+    from minedraft.engine.cuda.fused_kernels import silu_mul_triton
+    from minedraft.engine.cuda.skinny_gemm import configs_for, skinny_linear
+
+    n = 72
+    x, w, b = operands(rows, n, k, dtype, kernel_device, rows * 31 + k)
+    want = (x.double() @ w.double().t() + b.double()).cpu()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    by_kind: dict[tuple[str, int], object] = {}
+    for c in configs_for(rows, dtype.itemsize):
+        if c.split > 1:
+            by_kind.setdefault((c.form, c.split), c)
+    if dtype == torch.float32 and rows > 32:  # no 64-row split tile fits its staged float32 tiles
+        assert not by_kind
+        return
+    assert {split for _, split in by_kind} == {2, 4}
+    for config in by_kind.values():
+        got = skinny_linear(x, w, b, config)
+        err = (got.double().cpu() - want).abs().max().item() / want.abs().max().item()
+        assert err < tol, config.name
+        assert torch.equal(skinny_linear(x, w, b, config), got), config.name
+        assert not ARRIVAL_COUNTS.by_device[x.device][: -(-n // config.block_n)].any(), config.name
+        gated = skinny_linear(x, w, None, config, glu=True)
+        assert torch.equal(gated, silu_mul_triton(skinny_linear(x, w, None, config))), config.name
+
+
+def test_the_one_row_form_refuses_a_split(kernel_device: torch.device) -> None:
+    import dataclasses
+
+    from minedraft.engine.cuda.skinny_gemm import BY_NAME, skinny_linear
+
+    x, w, _ = operands(1, 32, 64, torch.float32, kernel_device, 9)
+    with pytest.raises(ValueError, match="does not split K"):
+        skinny_linear(x, w, None, dataclasses.replace(BY_NAME["fma1x8x512w4s3"], split=2))

@@ -7,6 +7,7 @@ timing per row tile when a CUDA graph is captured.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -18,10 +19,12 @@ class SkinnyConfig:
     block_k: int
     warps: int
     stages: int
+    split: int = 1  # programs per output tile along K (`skinny_split.py`); 1: one walks the whole K axis
 
     @property
     def name(self) -> str:
-        return f"{self.form}{self.block_m}x{self.block_n}x{self.block_k}w{self.warps}s{self.stages}"
+        tail = f"k{self.split}" if self.split > 1 else ""
+        return f"{self.form}{self.block_m}x{self.block_n}x{self.block_k}w{self.warps}s{self.stages}{tail}"
 
     def fits(self, rows: int) -> bool:
         return rows <= self.block_m
@@ -47,9 +50,16 @@ def _configs() -> tuple[SkinnyConfig, ...]:
         out += [SkinnyConfig("swap", bm, bn, bk, 4, s) for bn in (64, 128) for bk in (64, 128, 256)
                 for s in (2, 3, 4)]
         out += [SkinnyConfig("dot", bm, 64, 128, 8, 3), SkinnyConfig("dot", bm, 128, 64, 8, 3)]
-    return tuple(c for c in out if c.staged_bytes(2) <= SMEM)
+    plain = [c for c in out if c.staged_bytes(2) <= SMEM]
+    # K split over 2 or 4 programs per tile, for the narrowest grids: the 32- and 64-row tiles of the plain
+    # shortlist (below), in the sweep space only until timings choose them for the shortlist.
+    split = [dataclasses.replace(c, split=n) for c in plain for n in (2, 4)
+             if c.name in _SPLIT_BASES]
+    return tuple(plain + split)
 
 
+_SPLIT_BASES = ("swap32x64x128w4s4", "swap32x64x256w4s3", "dot32x16x256w4s4", "dot32x32x128w4s4",
+                "dot64x32x128w4s4", "dot64x64x128w4s4", "swap64x128x128w4s3", "swap64x64x128w4s3")
 CONFIGS = _configs()
 BY_NAME = {c.name: c for c in CONFIGS}
 # The configs the BLAS plan times for a shape, per row tile: on one H100 those with the best geometric mean

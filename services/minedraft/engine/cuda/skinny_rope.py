@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 from minedraft.engine.cuda.paged_attention import _INTERPRET
-from minedraft.engine.cuda.skinny_gemm import SMEM, SkinnyConfig, _pair_dot, _pair_fma, shortlist_for, token_rows
+from minedraft.engine.cuda.skinny_gemm import SMEM, SkinnyConfig, shortlist_for, token_rows
+from minedraft.engine.cuda.skinny_loops import _pair_dot, _pair_fma
 
 
 @triton.jit
@@ -129,6 +130,8 @@ def skinny_qkv_rope(
     n, k = weight.shape
     if n != (num_heads + 2 * num_kv_heads) * head_dim or weight.stride(1) != 1:
         raise ValueError("the weight must be the fused q/k/v projection with contiguous rows")
+    if config.split > 1:
+        raise ValueError(f"config {config.name}: the rotary epilogue runs on unsplit configs only")
     if not fits_heads(config, head_dim):
         raise ValueError(f"config {config.name}'s tiles do not divide half of a {head_dim}-wide head")
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or k_cache.dtype != x.dtype:
