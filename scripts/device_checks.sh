@@ -7,7 +7,8 @@
 # Usage on the device machine, from the repository root (carry `.whl` and `services/minedraft/proto`):
 #   bash scripts/device_checks.sh OUTDIR
 # SKIP_TESTS="tests/gpu/test_paged_attention_kernels.py ..." leaves those files out of the suite; SWEEP=1 first
-# times every few-row GEMM config per projection against both BLAS libraries (bench/gpu/skinny_sweep.py: is the
+# times every few-row GEMM config per projection (and the fused gate/up + silu and q/k/v + rope forms, K-split
+# tiles included) against both BLAS libraries (bench/gpu/skinny_sweep.py: is the
 # shortlist, chosen on an H100, right for this card?).
 set -uo pipefail
 OUTDIR="${1:?usage: scripts/device_checks.sh OUTDIR}"
@@ -20,8 +21,8 @@ source scripts/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$OUTDIR/checks.log" 2>&1
 
 if [ "${SWEEP:-0}" = 1 ]; then
-  say "few-row GEMM sweep: 120s"
-  timeout 120 python3 -m minedraft.bench.gpu.skinny_sweep --shapes qkv,o,gate_up,down,lm_head \
+  say "few-row GEMM sweep: ${SWEEP_S:-200}s"
+  timeout "${SWEEP_S:-200}" python3 -m minedraft.bench.gpu.skinny_sweep --shapes qkv,o,gate_up,down,lm_head,gate_up+silu,qkv+rope \
     --out "$OUTDIR/skinny_sweep.json" > "$OUTDIR/skinny_sweep.log" 2>&1
   say "sweep exit $?"
 fi
