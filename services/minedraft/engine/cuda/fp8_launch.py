@@ -35,7 +35,8 @@ def tma_fits(weight: torch.Tensor) -> bool:
 class ArrivalCounts:
     """Per device, one int32 count per output tile for the fused chunk sums: zeroed once, outside any
     CUDA graph capture, and left at zero by every launch (its last program resets its tile's count).
-    FP8 GEMMs of one device run one at a time (one stream), so one buffer serves them all."""
+    The FP8 GEMMs and the K-split few-row GEMMs (`skinny_split.py`) of one device run one at a time (one
+    stream), so one buffer serves them all."""
 
     SLOTS = 1 << 16
 
