@@ -85,3 +85,34 @@ def test_the_fused_projection_refuses_what_it_cannot_run(kernel_device: torch.de
         skinny_qkv_rope(x, w[:-1], None, BY_NAME["fma1x8x512w4s3"], *args)
     with pytest.raises(ValueError, match="does not run 2 rows"):
         skinny_qkv_rope(torch.cat((x, x)), w, None, BY_NAME["fma1x8x512w4s3"], *args)
+
+
+@pytest.mark.parametrize("split", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_k_split_fused_projection_writes_what_the_split_gemm_and_rope_store_write(
+    split: int, dtype: torch.dtype, kernel_device: torch.device
+) -> None:
+    """K split over 2 or 4 programs per tile (320 = 2.5 K tiles: a short and, at 4, an empty last share): the
+    same q and cache bits as the same split config's plain GEMM followed by the rope+store kernel, and every
+    arrival count back at zero."""
+    import dataclasses
+
+    from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
+    from minedraft.engine.cuda.fused_kernels import rope_store_triton
+    from minedraft.engine.cuda.skinny_gemm import skinny_linear
+    from minedraft.engine.cuda.skinny_rope import skinny_qkv_rope
+
+    rows, heads, kv_heads, head_dim, hidden = 6, 4, 2, 64, 320
+    x, w, bias, cos, sin, slots, cache = setup(rows, heads, kv_heads, head_dim, hidden, dtype, kernel_device, 77)
+    for base in configs(rows, head_dim, dtype, False):
+        config = dataclasses.replace(base, split=split, block_k=128)
+        k_want, v_want = cache.clone(), (cache * 2).clone()
+        qkv = skinny_linear(x.view(1, rows, hidden), w, bias, config)
+        q_want = rope_store_triton(qkv, cos.view(1, rows, 1, -1), sin.view(1, rows, 1, -1), slots, k_want, v_want,
+                                   heads, kv_heads, head_dim)
+        k_got, v_got = cache.clone(), (cache * 2).clone()
+        q_got = skinny_qkv_rope(x.view(1, rows, hidden), w, bias, config, (cos.view(1, rows, 1, -1),
+                                sin.view(1, rows, 1, -1)), slots, (k_got, v_got), heads, kv_heads, head_dim)
+        assert torch.equal(q_got, q_want), config.name
+        assert torch.equal(k_got, k_want) and torch.equal(v_got, v_want), config.name
+        assert not ARRIVAL_COUNTS.by_device[x.device][:64].any(), config.name

@@ -33,13 +33,13 @@ FUSED = {"gate_up+silu": ("gate_up", "glu"), "qkv+rope": ("qkv", "rope32x8x128")
 
 
 def fused_configs(op: str, m: int) -> list:
-    """The configs of a fused op's form that run m rows (gated: two weight tiles must fit; rope: unsplit tiles
-    that divide half a 128-wide head)."""
+    """The configs of a fused op's form that run m rows (two weight tiles must fit; rope: tiles that divide half a
+    128-wide head)."""
     from minedraft.engine.cuda.skinny_gemm import SMEM, configs_for
     from minedraft.engine.cuda.skinny_rope import fits_heads
 
     fit = [c for c in configs_for(m) if c.staged_bytes(2, glu=True) <= SMEM]
-    return fit if op == "glu" else [c for c in fit if c.split == 1 and fits_heads(c, 128)]
+    return fit if op == "glu" else [c for c in fit if fits_heads(c, 128)]
 
 
 def measure(ms: list[int], shapes: list[str]) -> dict:

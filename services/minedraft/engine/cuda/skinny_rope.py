@@ -7,18 +7,23 @@ accumulators, as the gated GEMM pairs gate and up). BLOCK_N must divide D/2, so 
 and each program's head is q, k or v as a whole: q is rotated and written to q [tokens, H, D], k rotated and
 v as it is written to their cache slots (slot < 0: not written). Each value is rounded where the two
 kernels round it (the projection's output, each product of the rotation, their sum), so the result is the
-same bits as the same config's plain GEMM followed by `rope_store_triton`.
+same bits as the same config's plain GEMM followed by `rope_store_triton`. A K-split config (`skinny_split.py`)
+sums its shares in order first, in the tile's last program to arrive, which then runs the same epilogue.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
 import triton.language as tl
 
+from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
 from minedraft.engine.cuda.paged_attention import _INTERPRET
 from minedraft.engine.cuda.skinny_gemm import SMEM, SkinnyConfig, shortlist_for, token_rows
 from minedraft.engine.cuda.skinny_loops import _pair_dot, _pair_fma
+from minedraft.engine.cuda.skinny_split import split_shares
 
 
 @triton.jit
@@ -70,11 +75,12 @@ def _rope_epilogue(
 
 @triton.jit
 def _skinny_rope_kernel(
-    x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, kc_ptr, vc_ptr, M, K, stride_xm, stride_wn, stride_cos,
-    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    x_ptr, w_ptr, b_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, kc_ptr, vc_ptr, part_ptr, count_ptr, M, K, k_per_split,
+    stride_xm, stride_wn, stride_cos, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     HAS_BIAS: tl.constexpr, FMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    SPLIT: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
 ):
     half: tl.constexpr = HEAD_DIM // 2
     tiles_per_head: tl.constexpr = half // BLOCK_N
@@ -85,19 +91,49 @@ def _skinny_rope_kernel(
     n_mask = within < half
     if FMA:  # one token
         a1, b1 = _pair_fma(x_ptr, w_ptr, K, stride_wn, rows_a, half, n_mask, BLOCK_N, BLOCK_K, EVEN_K, True)
-        a = a1[None, :]
-        b = b1[None, :]
         offs_m = tl.arange(0, 1)
+        _rope_epilogue(a1[None, :], b1[None, :], offs_m, offs_m < M, head, within, b_ptr, cos_ptr, sin_ptr,
+                       slot_ptr, q_ptr, kc_ptr, vc_ptr, stride_cos, stride_kcb, stride_kcs, stride_kch, stride_vcb,
+                       stride_vcs, stride_vch, HAS_BIAS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
     else:
-        a, b = _pair_dot(x_ptr, w_ptr, M, K, stride_xm, stride_wn, rows_a, half, n_mask, BLOCK_M, BLOCK_N,
-                         BLOCK_K, EVEN_K, SWAP_AB, DOT_PRECISION, UPCAST_DOT, True)
+        if SPLIT > 1:  # this program's share of whole K tiles (skinny_split.py)
+            share = tl.program_id(1)
+            k_lo = share * k_per_split
+            k_len = tl.minimum(k_per_split, K - k_lo)
+        else:
+            k_lo = 0
+            k_len = K
+        a, b = _pair_dot(x_ptr + k_lo, w_ptr + k_lo, M, k_len, stride_xm, stride_wn, rows_a, half, n_mask,
+                         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SWAP_AB, DOT_PRECISION, UPCAST_DOT, True)
         if SWAP_AB:  # [BLOCK_N, BLOCK_M] -> tokens by features
             a = tl.trans(a)
             b = tl.trans(b)
         offs_m = tl.arange(0, BLOCK_M)
-    _rope_epilogue(a, b, offs_m, offs_m < M, head, within, b_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, kc_ptr,
-                   vc_ptr, stride_cos, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
-                   HAS_BIAS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
+        m_mask = offs_m < M
+        if SPLIT > 1:
+            # Each share's sums go to the workspace; the tile's last program to arrive adds them in share order
+            # and runs the epilogue, then resets the count (as skinny_split.py does).
+            width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
+            cell = offs_m[:, None].to(tl.int64) * width + rows_a[None, :]
+            tl.store(part_ptr + share.to(tl.int64) * M * width + cell, a, mask=m_mask[:, None])
+            tl.store(part_ptr + share.to(tl.int64) * M * width + cell + half, b, mask=m_mask[:, None])
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT - 1:
+                total_a = tl.zeros_like(a)
+                total_b = tl.zeros_like(b)
+                for s in range(0, SPLIT):
+                    shared = part_ptr + s * M * width + cell
+                    total_a += tl.load(shared, mask=m_mask[:, None], other=0.0, cache_modifier=".cg")
+                    total_b += tl.load(shared + half, mask=m_mask[:, None], other=0.0, cache_modifier=".cg")
+                _rope_epilogue(total_a, total_b, offs_m, m_mask, head, within, b_ptr, cos_ptr, sin_ptr, slot_ptr,
+                               q_ptr, kc_ptr, vc_ptr, stride_cos, stride_kcb, stride_kcs, stride_kch, stride_vcb,
+                               stride_vcs, stride_vch, HAS_BIAS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
+                tl.store(count_ptr + pid, 0)
+        else:
+            _rope_epilogue(a, b, offs_m, m_mask, head, within, b_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, kc_ptr,
+                           vc_ptr, stride_cos, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs,
+                           stride_vch, HAS_BIAS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
 
 
 def fits_heads(config: SkinnyConfig, head_dim: int) -> bool:
@@ -130,8 +166,6 @@ def skinny_qkv_rope(
     n, k = weight.shape
     if n != (num_heads + 2 * num_kv_heads) * head_dim or weight.stride(1) != 1:
         raise ValueError("the weight must be the fused q/k/v projection with contiguous rows")
-    if config.split > 1:
-        raise ValueError(f"config {config.name}: the rotary epilogue runs on unsplit configs only")
     if not fits_heads(config, head_dim):
         raise ValueError(f"config {config.name}'s tiles do not divide half of a {head_dim}-wide head")
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or k_cache.dtype != x.dtype:
@@ -143,15 +177,24 @@ def skinny_qkv_rope(
         return q
     cos = cos_sin[0].reshape(rows, head_dim).contiguous()
     sin = cos_sin[1].reshape(rows, head_dim).contiguous()
-    grid = ((num_heads + 2 * num_kv_heads) * (head_dim // 2) // config.block_n,)
-    _skinny_rope_kernel[grid](
+    tiles = (num_heads + 2 * num_kv_heads) * (head_dim // 2) // config.block_n
+    counts = None
+    if config.split > 1:
+        if config.form == "fma":
+            raise ValueError(f"config {config.name}: the one-row form does not split K")
+        counts = ARRIVAL_COUNTS.get(x.device, tiles)
+        if counts is None:  # first use inside a capture: no counts yet
+            config = dataclasses.replace(config, split=1)
+    per = split_shares(k, config) if config.split > 1 else k
+    part = torch.empty((config.split, rows, n), dtype=torch.float32, device=x.device) if config.split > 1 else q
+    _skinny_rope_kernel[(tiles, config.split)](
         x2, weight, bias if bias is not None else weight, cos, sin, slot_mapping.reshape(-1).contiguous(), q,
-        k_cache, v_cache, rows, k, x2.stride(0), weight.stride(0), head_dim,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+        k_cache, v_cache, part, counts if counts is not None else q, rows, k, per, x2.stride(0), weight.stride(0),
+        head_dim, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2),
         HAS_BIAS=bias is not None, FMA=config.form == "fma", BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, EVEN_K=k % config.block_k == 0, SWAP_AB=config.form == "swap",
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        BLOCK_K=config.block_k, SPLIT=config.split, EVEN_K=k % config.block_k == 0,
+        SWAP_AB=config.form == "swap", DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=_INTERPRET and x.dtype != torch.float32, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1], num_warps=config.warps, num_stages=config.stages,
     )
