@@ -28,6 +28,24 @@ def setup(rows: int, heads: int, kv_heads: int, head_dim: int, hidden: int, dtyp
             cache.to(**to))
 
 
+def both_ways(x, w, b, config, cos, sin, slots, cache, heads: int, kv_heads: int, head_dim: int):  # type: ignore[no-untyped-def]
+    """(q, k cache, v cache) written by the config's plain GEMM followed by the rope+store kernel, then by the fused
+    kernel, each from its own copy of the caches."""
+    from minedraft.engine.cuda.fused_kernels import rope_store_triton
+    from minedraft.engine.cuda.skinny_gemm import skinny_linear
+    from minedraft.engine.cuda.skinny_rope import skinny_qkv_rope
+
+    rows, hidden = x.shape
+    trig = (cos.view(1, rows, 1, -1), sin.view(1, rows, 1, -1))
+    k_want, v_want = cache.clone(), (cache * 2).clone()
+    qkv = skinny_linear(x.view(1, rows, hidden), w, b, config)
+    q_want = rope_store_triton(qkv, *trig, slots, k_want, v_want, heads, kv_heads, head_dim)
+    k_got, v_got = cache.clone(), (cache * 2).clone()
+    q_got = skinny_qkv_rope(x.view(1, rows, hidden), w, b, config, trig, slots, (k_got, v_got), heads, kv_heads,
+                            head_dim)
+    return (q_want, k_want, v_want), (q_got, k_got, v_got)
+
+
 def configs(rows: int, head_dim: int, dtype: torch.dtype, on_cuda: bool) -> list:
     """The smallest config of each form and row tile that fits the heads, and on CUDA the plan's shortlist."""
     from minedraft.engine.cuda.skinny_gemm import configs_for
@@ -49,9 +67,6 @@ def test_the_fused_projection_writes_what_the_gemm_and_rope_store_write(
     rows: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, with_bias: bool,
     kernel_device: torch.device,
 ) -> None:
-    from minedraft.engine.cuda.fused_kernels import rope_store_triton
-    from minedraft.engine.cuda.skinny_gemm import skinny_linear
-    from minedraft.engine.cuda.skinny_rope import skinny_qkv_rope
 
     hidden = 96  # not a multiple of 64: the K tail is masked for most tiles
     x, w, bias, cos, sin, slots, cache = setup(rows, heads, kv_heads, head_dim, hidden, dtype, kernel_device,
@@ -60,17 +75,10 @@ def test_the_fused_projection_writes_what_the_gemm_and_rope_store_write(
     picked = configs(rows, head_dim, dtype, kernel_device.type == "cuda")
     assert {c.form for c in picked} >= ({"fma", "dot"} if rows == 1 else {"dot"})
     for config in picked:
-        k_want, v_want = cache.clone(), (cache * 2).clone()
-        qkv = skinny_linear(x.view(1, rows, hidden), w, b, config)
-        q_want = rope_store_triton(qkv, cos.view(1, rows, 1, -1), sin.view(1, rows, 1, -1), slots, k_want, v_want,
-                                   heads, kv_heads, head_dim)
-        k_got, v_got = cache.clone(), (cache * 2).clone()
-        q_got = skinny_qkv_rope(x.view(1, rows, hidden), w, b, config, (cos.view(1, rows, 1, -1),
-                                sin.view(1, rows, 1, -1)), slots, (k_got, v_got), heads, kv_heads, head_dim)
-        assert q_got.shape == (1, rows, heads, head_dim)
-        assert torch.equal(q_got, q_want), config.name
-        assert torch.equal(k_got, k_want) and torch.equal(v_got, v_want), config.name
-        assert not torch.equal(k_got, cache)  # something was stored (and slot -1 rows were not: equal above)
+        want, got = both_ways(x, w, b, config, cos, sin, slots, cache, heads, kv_heads, head_dim)
+        assert got[0].shape == (1, rows, heads, head_dim)
+        assert all(torch.equal(g, e) for g, e in zip(got, want, strict=True)), config.name
+        assert not torch.equal(got[1], cache)  # something was stored (and slot -1 rows were not: equal above)
 
 
 def test_the_fused_projection_refuses_what_it_cannot_run(kernel_device: torch.device) -> None:
@@ -98,21 +106,11 @@ def test_a_k_split_fused_projection_writes_what_the_split_gemm_and_rope_store_wr
     import dataclasses
 
     from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
-    from minedraft.engine.cuda.fused_kernels import rope_store_triton
-    from minedraft.engine.cuda.skinny_gemm import skinny_linear
-    from minedraft.engine.cuda.skinny_rope import skinny_qkv_rope
 
     rows, heads, kv_heads, head_dim, hidden = 6, 4, 2, 64, 320
     x, w, bias, cos, sin, slots, cache = setup(rows, heads, kv_heads, head_dim, hidden, dtype, kernel_device, 77)
     for base in configs(rows, head_dim, dtype, False):
         config = dataclasses.replace(base, split=split, block_k=128)
-        k_want, v_want = cache.clone(), (cache * 2).clone()
-        qkv = skinny_linear(x.view(1, rows, hidden), w, bias, config)
-        q_want = rope_store_triton(qkv, cos.view(1, rows, 1, -1), sin.view(1, rows, 1, -1), slots, k_want, v_want,
-                                   heads, kv_heads, head_dim)
-        k_got, v_got = cache.clone(), (cache * 2).clone()
-        q_got = skinny_qkv_rope(x.view(1, rows, hidden), w, bias, config, (cos.view(1, rows, 1, -1),
-                                sin.view(1, rows, 1, -1)), slots, (k_got, v_got), heads, kv_heads, head_dim)
-        assert torch.equal(q_got, q_want), config.name
-        assert torch.equal(k_got, k_want) and torch.equal(v_got, v_want), config.name
+        want, got = both_ways(x, w, bias, config, cos, sin, slots, cache, heads, kv_heads, head_dim)
+        assert all(torch.equal(g, e) for g, e in zip(got, want, strict=True)), config.name
         assert not ARRIVAL_COUNTS.by_device[x.device][:64].any(), config.name
