@@ -20,7 +20,7 @@ def operands(rows: int, n: int, k: int, dtype: torch.dtype, device: torch.device
 def picks(rows: int, dtype: torch.dtype, on_cuda: bool) -> list:
     """One config per form and row tile for `rows` (the smallest tiles), and on CUDA the plan's shortlist
     besides (every config's error on the 8B shapes is in `bench/gpu/skinny_sweep.py`'s output)."""
-    from minedraft.engine.cuda.skinny_gemm import configs_for, shortlist_for
+    from minedraft.engine.cuda.skinny_configs import configs_for, shortlist_for
 
     by_form: dict[tuple[str, int], object] = {}
     for c in sorted(configs_for(rows, dtype.itemsize), key=lambda c: (c.block_n * c.block_k, c.stages)):
@@ -54,7 +54,8 @@ def test_every_config_computes_the_linear(rows: int, k: int, dtype: torch.dtype,
 
 
 def test_a_config_refuses_rows_it_cannot_hold(kernel_device: torch.device) -> None:
-    from minedraft.engine.cuda.skinny_gemm import CONFIGS, MAX_ROWS, configs_for, skinny_linear
+    from minedraft.engine.cuda.skinny_configs import CONFIGS, MAX_ROWS, configs_for
+    from minedraft.engine.cuda.skinny_gemm import skinny_linear
 
     x, w, _ = operands(17, 32, 64, torch.float32, kernel_device, 7)
     small = next(c for c in CONFIGS if c.form == "dot" and c.block_m == 16)
@@ -78,7 +79,8 @@ def test_the_gated_form_is_the_plain_gemm_then_silu_times_up_bit_for_bit(
     GEMM followed by the separate silu*up kernel (so the plan may swap one for the other freely), and both are
     silu(gate) * up within one rounding of a float64 reference."""
     from minedraft.engine.cuda.fused_kernels import silu_mul_triton
-    from minedraft.engine.cuda.skinny_gemm import shortlist_for, skinny_linear
+    from minedraft.engine.cuda.skinny_configs import shortlist_for
+    from minedraft.engine.cuda.skinny_gemm import skinny_linear
 
     inter = 40  # not a multiple of any N tile: the last gate and up tiles are masked
     x, w, _ = operands(rows, 2 * inter, k, dtype, kernel_device, rows * 77 + k)
@@ -97,7 +99,8 @@ def test_the_gated_form_is_the_plain_gemm_then_silu_times_up_bit_for_bit(
 
 
 def test_the_gated_form_refuses_a_bias_or_an_odd_weight(kernel_device: torch.device) -> None:
-    from minedraft.engine.cuda.skinny_gemm import configs_for, skinny_linear
+    from minedraft.engine.cuda.skinny_configs import configs_for
+    from minedraft.engine.cuda.skinny_gemm import skinny_linear
 
     x, w, b = operands(1, 32, 64, torch.float32, kernel_device, 3)
     config = configs_for(1)[0]
@@ -109,7 +112,7 @@ def test_the_gated_form_refuses_a_bias_or_an_odd_weight(kernel_device: torch.dev
 
 def test_every_gated_shortlisted_config_fits_its_staged_tiles() -> None:
     pytest.importorskip("triton")
-    from minedraft.engine.cuda.skinny_gemm import BY_NAME, GLU_SHORTLIST, SMEM, shortlist_for
+    from minedraft.engine.cuda.skinny_configs import BY_NAME, GLU_SHORTLIST, SMEM, shortlist_for
 
     for rows, names in GLU_SHORTLIST.items():
         assert [c.name for c in shortlist_for(rows, 2, glu=True)] == list(names)  # none dropped for bf16
@@ -128,7 +131,8 @@ def test_split_k_configs_sum_their_shares_in_one_launch(rows: int, k: int, dtype
     the gated form bit-identical to the split plain GEMM followed by silu*up."""
     from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
     from minedraft.engine.cuda.fused_kernels import silu_mul_triton
-    from minedraft.engine.cuda.skinny_gemm import configs_for, skinny_linear
+    from minedraft.engine.cuda.skinny_configs import configs_for
+    from minedraft.engine.cuda.skinny_gemm import skinny_linear
 
     n = 72
     x, w, b = operands(rows, n, k, dtype, kernel_device, rows * 31 + k)
@@ -155,7 +159,8 @@ def test_split_k_configs_sum_their_shares_in_one_launch(rows: int, k: int, dtype
 def test_the_one_row_form_refuses_a_split(kernel_device: torch.device) -> None:
     import dataclasses
 
-    from minedraft.engine.cuda.skinny_gemm import BY_NAME, skinny_linear
+    from minedraft.engine.cuda.skinny_configs import BY_NAME
+    from minedraft.engine.cuda.skinny_gemm import skinny_linear
 
     x, w, _ = operands(1, 32, 64, torch.float32, kernel_device, 9)
     with pytest.raises(ValueError, match="does not split K"):

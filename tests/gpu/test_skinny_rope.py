@@ -48,7 +48,7 @@ def both_ways(x, w, b, config, cos, sin, slots, cache, heads: int, kv_heads: int
 
 def configs(rows: int, head_dim: int, dtype: torch.dtype, on_cuda: bool) -> list:
     """The smallest config of each form and row tile that fits the heads, and on CUDA the plan's shortlist."""
-    from minedraft.engine.cuda.skinny_gemm import configs_for
+    from minedraft.engine.cuda.skinny_configs import configs_for
     from minedraft.engine.cuda.skinny_rope import fits_heads, rope_shortlist
 
     by_form: dict[str, object] = {}
@@ -82,7 +82,7 @@ def test_the_fused_projection_writes_what_the_gemm_and_rope_store_write(
 
 
 def test_the_fused_projection_refuses_what_it_cannot_run(kernel_device: torch.device) -> None:
-    from minedraft.engine.cuda.skinny_gemm import BY_NAME
+    from minedraft.engine.cuda.skinny_configs import BY_NAME
     from minedraft.engine.cuda.skinny_rope import skinny_qkv_rope
 
     x, w, _, cos, sin, slots, cache = setup(1, 4, 2, 32, 64, torch.float32, kernel_device, 5)

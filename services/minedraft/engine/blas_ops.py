@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from minedraft.engine.cuda.skinny_gemm import SkinnyConfig
+    from minedraft.engine.cuda.skinny_configs import SkinnyConfig
 
 LINEAR, GLU_OP = "linear", "glu"
 TRITON = "triton:"  # prefix of a choice that runs the few-row Triton GEMM with the named config
@@ -34,7 +34,7 @@ def skinny_config(choice: str) -> SkinnyConfig | None:
     """The Triton config a `triton:<name>` choice names; None for a BLAS library."""
     if not choice.startswith(TRITON):
         return None
-    from minedraft.engine.cuda.skinny_gemm import BY_NAME
+    from minedraft.engine.cuda.skinny_configs import BY_NAME
 
     return BY_NAME[choice[len(TRITON):]]
 

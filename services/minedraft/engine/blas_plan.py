@@ -61,36 +61,25 @@ MARGIN = 0.01  # cuBLASLt must beat cuBLAS by this fraction: noise must not flip
 REPEATS = 5  # timed passes per library; the fastest counts
 HALF_TYPES = (torch.bfloat16, torch.float16)
 
-GLU = prefix(GLU_OP)  # prefix of a timed candidate of the gated op: the GEMM, then silu * up
-
 Key = tuple[int, int, int, torch.dtype, str]  # (rows, out features, in features, dtype, op)
 Shape = tuple[int, int, torch.dtype]
 TimeFn = Callable[[str, int, Sequence[torch.Tensor]], float]  # (choice, rows, weights) -> ms per GEMM
 SetFn = Callable[[str], object]
-ExtraFn = Callable[[int, torch.dtype], Sequence[str]]  # (rows, dtype) -> choices besides the two libraries
+ExtraFn = Callable[[str, int, torch.dtype], Sequence[str]]  # (op, rows, dtype) -> choices besides the libraries
 
 
-def triton_choices(rows: int, dtype: torch.dtype, glu: bool = False) -> list[str]:
-    """The few-row Triton GEMM's shortlisted configs for `rows` rows (none without Triton or past 64 rows);
-    with `glu`, those of the gated form."""
+def triton_choices(op: str, rows: int, dtype: torch.dtype) -> list[str]:
+    """The shortlisted configs of the few-row Triton GEMM's form for `op` at `rows` rows (none without Triton or
+    past 64 rows): the plain or the gated shortlist, or for q/k/v + rope the gated tiles that divide half a head."""
     try:
-        from minedraft.engine.cuda.skinny_gemm import shortlist_for
+        from minedraft.engine.cuda.skinny_configs import shortlist_for
+        from minedraft.engine.cuda.skinny_rope import rope_shortlist  # needs Triton
     except ImportError:
         return []
-    return [TRITON + config.name for config in shortlist_for(rows, dtype.itemsize, glu)]
-
-
-def triton_glu_choices(rows: int, dtype: torch.dtype) -> list[str]:
-    return triton_choices(rows, dtype, glu=True)
-
-
-def triton_rope_choices(rows: int, dtype: torch.dtype, head_dim: int) -> list[str]:
-    """The fused q/k/v + rotary kernel's configs: the gated shortlist's tiles that divide half a head."""
-    try:
-        from minedraft.engine.cuda.skinny_rope import rope_shortlist
-    except ImportError:
-        return []
-    return [TRITON + config.name for config in rope_shortlist(rows, head_dim, dtype.itemsize)]
+    geometry = rope_geometry(op)
+    configs = (rope_shortlist(rows, geometry[2], dtype.itemsize) if geometry is not None
+               else shortlist_for(rows, dtype.itemsize, glu=op == GLU_OP))
+    return [TRITON + config.name for config in configs]
 
 
 def triton_linear(choice: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -162,8 +151,6 @@ class BlasPlan:
     set_fn: SetFn = set_library
     device_types: tuple[str, ...] = ("cuda",)
     extra_fn: ExtraFn = triton_choices
-    glu_extra_fn: ExtraFn = triton_glu_choices
-    rope_extra_fn: Callable[[int, torch.dtype, int], Sequence[str]] = triton_rope_choices
     chosen: dict[Key, str] = field(default_factory=dict)
     timings: dict[Key, dict[str, float]] = field(default_factory=dict)  # ms per GEMM, per choice
     pending: set[Key] = field(default_factory=set)
@@ -236,7 +223,7 @@ class BlasPlan:
                 self.timings[key], self.chosen[key] = {}, DEFAULT
                 continue
             ms = {choice: self.time_fn(prefix(op) + choice, rows, weights)
-                  for choice in (*LIBRARIES, *self._extra(op, rows, dtype))}
+                  for choice in (*LIBRARIES, *self.extra_fn(op, rows, dtype))}
             best = min(ms, key=ms.__getitem__)
             choice = best if ms[best] < ms[DEFAULT] * (1.0 - MARGIN) else DEFAULT
             self.timings[key], self.chosen[key] = ms, choice
@@ -246,15 +233,6 @@ class BlasPlan:
             self.pending.clear()
             self.current = ""  # timing set the library itself
             self._set(DEFAULT)
-
-    def _extra(self, op: str, rows: int, dtype: torch.dtype) -> Sequence[str]:
-        """The Triton candidates of `op` at `rows` rows."""
-        if op == GLU_OP:
-            return self.glu_extra_fn(rows, dtype)
-        geometry = rope_geometry(op)
-        if geometry is not None:
-            return self.rope_extra_fn(rows, dtype, geometry[2])
-        return self.extra_fn(rows, dtype)
 
     def table(self) -> list[dict[str, object]]:
         """The choices so far, for a benchmark's report: rows, shape, op, both libraries' timings and the best

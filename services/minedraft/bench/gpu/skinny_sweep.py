@@ -35,7 +35,7 @@ FUSED = {"gate_up+silu": ("gate_up", "glu"), "qkv+rope": ("qkv", "rope32x8x128")
 def fused_configs(op: str, m: int) -> list:
     """The configs of a fused op's form that run m rows (two weight tiles must fit; rope: tiles that divide half a
     128-wide head)."""
-    from minedraft.engine.cuda.skinny_gemm import SMEM, configs_for
+    from minedraft.engine.cuda.skinny_configs import SMEM, configs_for
     from minedraft.engine.cuda.skinny_rope import fits_heads
 
     fit = [c for c in configs_for(m) if c.staged_bytes(2, glu=True) <= SMEM]
@@ -45,7 +45,7 @@ def fused_configs(op: str, m: int) -> list:
 def measure(ms: list[int], shapes: list[str]) -> dict:
     from minedraft.engine.blas_ops import prefix
     from minedraft.engine.blas_plan import TRITON, gemm_ms, set_library, triton_linear
-    from minedraft.engine.cuda.skinny_gemm import configs_for
+    from minedraft.engine.cuda.skinny_configs import configs_for
 
     copy = ceilings()["copy_GBps"]
     cells = []

@@ -36,19 +36,9 @@ import triton
 import triton.language as tl
 
 from minedraft.engine.cuda.paged_attention import _INTERPRET
-from minedraft.engine.cuda.skinny_configs import (  # noqa: F401  (the configs are read from here too)
-    BY_NAME,
-    CONFIGS,
-    GLU_SHORTLIST,
-    MAX_ROWS,
-    SHORTLIST,
-    SMEM,
-    SkinnyConfig,
-    configs_for,
-    shortlist_for,
-)
+from minedraft.engine.cuda.skinny_configs import SkinnyConfig
 from minedraft.engine.cuda.skinny_loops import _pair_dot, _pair_fma, _silu_times
-from minedraft.engine.cuda.skinny_split import launch_split
+from minedraft.engine.cuda.skinny_split import launch_split, split_counts
 
 
 @triton.jit
@@ -125,13 +115,10 @@ def skinny_linear(
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows == 0 or n == 0:
         return y.reshape(*x.shape[:-1], n)
-    if config.split > 1:
-        if config.form == "fma":
-            raise ValueError(f"config {config.name}: the one-row form does not split K")
-        unsplit = launch_split(x2, weight, bias, y, config, glu)
-        if unsplit is None:
-            return y.reshape(*x.shape[:-1], n)
-        config = unsplit
+    config, counts = split_counts(config, x.device, triton.cdiv(n, config.block_n))
+    if counts is not None:
+        launch_split(x2, weight, bias, y, config, counts, glu)
+        return y.reshape(*x.shape[:-1], n)
     b = bias if bias is not None else weight  # unread without a bias
     grid = (triton.cdiv(n, config.block_n),)
     even_k = k % config.block_k == 0

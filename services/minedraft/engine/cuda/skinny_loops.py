@@ -101,3 +101,30 @@ def _pair_fma(
         if PAIRED:
             u_ptrs += BLOCK_K
     return tl.sum(acc, 1), tl.sum(acc_b, 1)
+
+
+@triton.jit
+def _publish_share(share_ptr, acc, acc_b, cell, mask, b_offset, count_ptr, PAIRED: tl.constexpr):
+    """A K-split program's part of the tile (`skinny_split.py`): its float32 sums go to the workspace (acc at
+    `cell`, acc_b `b_offset` further on when PAIRED), then it takes the tile's arrival ticket. Every share is
+    written before the count rises: a barrier, then one thread's atomic with release and acquire at GPU scope.
+    Returns how many of the tile's programs had arrived before this one."""
+    tl.store(share_ptr + cell, acc, mask=mask)
+    if PAIRED:
+        tl.store(share_ptr + cell + b_offset, acc_b, mask=mask)
+    tl.debug_barrier()
+    return tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+
+
+@triton.jit
+def _sum_shares(part_ptr, share_stride, total, total_b, cell, mask, b_offset, count_ptr, SPLIT: tl.constexpr,
+                PAIRED: tl.constexpr):
+    """The tile's last program to arrive: adds every share's sums to total (and total_b) in share order, so the
+    result never depends on which program came last, and leaves the count at zero for the next launch."""
+    for s in range(0, SPLIT):
+        total += tl.load(part_ptr + s * share_stride + cell, mask=mask, other=0.0, cache_modifier=".cg")
+        if PAIRED:
+            total_b += tl.load(part_ptr + s * share_stride + cell + b_offset, mask=mask, other=0.0,
+                               cache_modifier=".cg")
+    tl.store(count_ptr, 0)
+    return total, total_b

@@ -13,17 +13,15 @@ sums its shares in order first, in the tile's last program to arrive, which then
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
 
-from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
 from minedraft.engine.cuda.paged_attention import _INTERPRET
-from minedraft.engine.cuda.skinny_gemm import SMEM, SkinnyConfig, shortlist_for, token_rows
-from minedraft.engine.cuda.skinny_loops import _pair_dot, _pair_fma
-from minedraft.engine.cuda.skinny_split import split_shares
+from minedraft.engine.cuda.skinny_configs import SMEM, SkinnyConfig, shortlist_for
+from minedraft.engine.cuda.skinny_gemm import token_rows
+from minedraft.engine.cuda.skinny_loops import _pair_dot, _pair_fma, _publish_share, _sum_shares
+from minedraft.engine.cuda.skinny_split import split_counts, split_shares
 
 
 @triton.jit
@@ -115,21 +113,14 @@ def _skinny_rope_kernel(
             # and runs the epilogue, then resets the count (as skinny_split.py does).
             width: tl.constexpr = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
             cell = offs_m[:, None].to(tl.int64) * width + rows_a[None, :]
-            tl.store(part_ptr + share.to(tl.int64) * M * width + cell, a, mask=m_mask[:, None])
-            tl.store(part_ptr + share.to(tl.int64) * M * width + cell + half, b, mask=m_mask[:, None])
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            arrived = _publish_share(part_ptr + share.to(tl.int64) * M * width, a, b, cell, m_mask[:, None], half,
+                                     count_ptr + pid, True)
             if arrived == SPLIT - 1:
-                total_a = tl.zeros_like(a)
-                total_b = tl.zeros_like(b)
-                for s in range(0, SPLIT):
-                    shared = part_ptr + s * M * width + cell
-                    total_a += tl.load(shared, mask=m_mask[:, None], other=0.0, cache_modifier=".cg")
-                    total_b += tl.load(shared + half, mask=m_mask[:, None], other=0.0, cache_modifier=".cg")
+                total_a, total_b = _sum_shares(part_ptr, M * width, tl.zeros_like(a), tl.zeros_like(b), cell,
+                                               m_mask[:, None], half, count_ptr + pid, SPLIT, True)
                 _rope_epilogue(total_a, total_b, offs_m, m_mask, head, within, b_ptr, cos_ptr, sin_ptr, slot_ptr,
                                q_ptr, kc_ptr, vc_ptr, stride_cos, stride_kcb, stride_kcs, stride_kch, stride_vcb,
                                stride_vcs, stride_vch, HAS_BIAS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE)
-                tl.store(count_ptr + pid, 0)
         else:
             _rope_epilogue(a, b, offs_m, m_mask, head, within, b_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, kc_ptr,
                            vc_ptr, stride_cos, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs,
@@ -178,13 +169,7 @@ def skinny_qkv_rope(
     cos = cos_sin[0].reshape(rows, head_dim).contiguous()
     sin = cos_sin[1].reshape(rows, head_dim).contiguous()
     tiles = (num_heads + 2 * num_kv_heads) * (head_dim // 2) // config.block_n
-    counts = None
-    if config.split > 1:
-        if config.form == "fma":
-            raise ValueError(f"config {config.name}: the one-row form does not split K")
-        counts = ARRIVAL_COUNTS.get(x.device, tiles)
-        if counts is None:  # first use inside a capture: no counts yet
-            config = dataclasses.replace(config, split=1)
+    config, counts = split_counts(config, x.device, tiles)
     per = split_shares(k, config) if config.split > 1 else k
     part = torch.empty((config.split, rows, n), dtype=torch.float32, device=x.device) if config.split > 1 else q
     _skinny_rope_kernel[(tiles, config.split)](

@@ -20,7 +20,7 @@ import triton.language as tl
 from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
 from minedraft.engine.cuda.paged_attention import _INTERPRET
 from minedraft.engine.cuda.skinny_configs import SkinnyConfig
-from minedraft.engine.cuda.skinny_loops import _pair_dot, _silu_times
+from minedraft.engine.cuda.skinny_loops import _pair_dot, _publish_share, _silu_times, _sum_shares
 
 
 @triton.jit
@@ -47,21 +47,11 @@ def _skinny_split_kernel(
     else:
         cell = offs_m[:, None].to(tl.int64) * width + offs_n[None, :]
         mask = m_mask[:, None] & n_mask[None, :]
-    tl.store(part_ptr + share.to(tl.int64) * M * width + cell, acc, mask=mask)
-    if GLU:
-        tl.store(part_ptr + share.to(tl.int64) * M * width + cell + N, acc_up, mask=mask)
-    # Every share is written before the count rises; one thread takes the ticket after the barrier, with
-    # release and acquire at GPU scope. The last to arrive adds the shares in order and resets the count.
-    tl.debug_barrier()
-    count = count_ptr + pid_n
-    arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
+    arrived = _publish_share(part_ptr + share.to(tl.int64) * M * width, acc, acc_up, cell, mask, N, count_ptr + pid_n,
+                             GLU)
     if arrived == SPLIT - 1:
-        total = tl.zeros_like(acc)
-        total_up = tl.zeros_like(acc)
-        for s in range(0, SPLIT):
-            total += tl.load(part_ptr + s * M * width + cell, mask=mask, other=0.0, cache_modifier=".cg")
-            if GLU:
-                total_up += tl.load(part_ptr + s * M * width + cell + N, mask=mask, other=0.0, cache_modifier=".cg")
+        total, total_up = _sum_shares(part_ptr, M * width, tl.zeros_like(acc), tl.zeros_like(acc), cell, mask, N,
+                                      count_ptr + pid_n, SPLIT, GLU)
         if GLU:
             total = _silu_times(total, total_up, y_ptr.dtype.element_ty)
         if SWAP_AB:
@@ -73,7 +63,6 @@ def _skinny_split_kernel(
                 total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             y_ptrs = y_ptr + offs_m[:, None].to(tl.int64) * stride_ym + offs_n[None, :]
         tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(count, 0)
 
 
 def split_shares(k: int, config: SkinnyConfig) -> int:
@@ -82,25 +71,31 @@ def split_shares(k: int, config: SkinnyConfig) -> int:
     return triton.cdiv(tiles, config.split) * config.block_k
 
 
+def split_counts(config: SkinnyConfig, device: torch.device, tiles: int) -> tuple[SkinnyConfig, torch.Tensor | None]:
+    """(config, its arrival counts) for a K-split config of `tiles` output tiles; a config that does not split
+    comes back as it is, without counts, and so does the unsplit config where the counts cannot be made now
+    (first use inside a CUDA graph capture). The one-row form has no split."""
+    if config.split == 1:
+        return config, None
+    if config.form == "fma":
+        raise ValueError(f"config {config.name}: the one-row form does not split K")
+    counts = ARRIVAL_COUNTS.get(device, tiles)
+    return (config, counts) if counts is not None else (dataclasses.replace(config, split=1), None)
+
+
 def launch_split(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
-                 config: SkinnyConfig, glu: bool) -> SkinnyConfig | None:
-    """Run `config` (split > 1) into y [rows, n]; returns the unsplit config for the caller to run instead where
-    the arrival counts cannot be made now (first use inside a CUDA graph capture)."""
+                 config: SkinnyConfig, counts: torch.Tensor, glu: bool) -> None:
+    """Run `config` (split > 1, its `counts` from `split_counts`) into y [rows, n]."""
     rows, n = y.shape
     k = weight.shape[1]
-    tiles = triton.cdiv(n, config.block_n)
-    counts = ARRIVAL_COUNTS.get(x2.device, tiles)
-    if counts is None:
-        return dataclasses.replace(config, split=1)
     per = split_shares(k, config)
     part = torch.empty((config.split, rows, 2 * n if glu else n), dtype=torch.float32, device=x2.device)
-    _skinny_split_kernel[(tiles, config.split)](
+    _skinny_split_kernel[(triton.cdiv(n, config.block_n), config.split)](
         x2, weight, bias if bias is not None else weight, y, part, counts, rows, n, k, per, x2.stride(0),
         weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT=config.split, EVEN_K=k % config.block_k == 0 and per % config.block_k == 0,
+        SPLIT=config.split, EVEN_K=k % config.block_k == 0,
         SWAP_AB=config.form == "swap", DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         UPCAST_DOT=_INTERPRET and x2.dtype != torch.float32, GLU=glu,
         num_warps=config.warps, num_stages=config.stages,
     )
-    return None
