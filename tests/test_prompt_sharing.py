@@ -163,9 +163,16 @@ class RealWorkers:
                 for name in ("verifier", "draft")}
 
     def assert_all_free(self) -> None:
-        for port in self.ports:
-            wait_until(lambda port=port: worker_info(port).free_blocks == NUM_BLOCKS, timeout=30)
-            assert worker_info(port).sequences == 0
+        """Every block back on both workers. The manager's loop runs meanwhile: the plan that removes the last
+        requests may still be queued on its link when `run` returns (this loop only runs inside `run`)."""
+
+        async def all_free() -> None:
+            while not all(info.free_blocks == NUM_BLOCKS
+                          for info in await asyncio.gather(*(asyncio.to_thread(worker_info, p) for p in self.ports))):
+                await asyncio.sleep(0.01)
+
+        self.run(all_free(), timeout=30)  # asyncio's TimeoutError after 30 s with a block still held
+        assert [worker_info(port).sequences for port in self.ports] == [0, 0]
 
 
 @pytest.fixture(scope="module")
