@@ -2,7 +2,7 @@
 # On a GPU machine: the BLAS plan with its Triton candidates against the tree before them, side by side.
 # Carry `.whl`, `services/minedraft/proto` and `snap` (a copy of the earlier tree, with its proto stubs).
 # Writes under $OUT: the GPU tests' log and alternating step tables (snap, this tree; ROUNDS of them, default 2),
-# then the gate/up choices of both trees.
+# then the gate/up choices of both trees; at the end all of it packed into $OUT.tgz, the logs left beside it.
 set -uo pipefail
 OUT="${OUT:-$PWD/device_out}"
 mkdir -p "$OUT"
@@ -35,3 +35,4 @@ for tree in ("snap", "new"):
         if row["out"] in (28672, 6144):
             print(tree, row)
 PY
+bundle "$OUT"  # one file back (the device returns 8 at most), the logs beside it

@@ -9,7 +9,8 @@
 # SKIP_TESTS="tests/gpu/test_paged_attention_kernels.py ..." leaves those files out of the suite; SWEEP=1 first
 # times every few-row GEMM config per projection (and the fused gate/up + silu and q/k/v + rope forms, K-split
 # tiles included) against both BLAS libraries (bench/gpu/skinny_sweep.py: is the
-# shortlist, chosen on an H100, right for this card?).
+# shortlist, chosen on an H100, right for this card?). At the end OUTDIR is packed into OUTDIR.tgz, with its
+# logs left beside it.
 set -uo pipefail
 OUTDIR="${1:?usage: scripts/device_checks.sh OUTDIR}"
 mkdir -p "$OUTDIR"
@@ -53,3 +54,4 @@ else
   say "tetris skipped: ${T}s left"
 fi
 say "done"
+bundle "$OUTDIR"  # everything in one file (the device returns 8 at most), the logs beside it

@@ -7,3 +7,12 @@ if compgen -G ".whl/*.whl" > /dev/null; then
     || { echo "wheel install failed"; exit 3; }
 fi
 export PYTHONPATH="/tmp/site:${SRC:-$PWD/services}:$PWD"
+# The device returns at most 8 files from $OUT: `bundle DIR` packs everything under DIR into DIR/all.tgz and
+# leaves only that and DIR's top-level *.log files, so the summary reads without unpacking.
+bundle() {
+  local dir="${1%/}"
+  [ -d "$dir" ] || return 0
+  tar czf /tmp/bundle.tgz -C "$dir" . && mv /tmp/bundle.tgz "$dir/all.tgz" || return 1
+  find "$dir" -type f ! -path "$dir/all.tgz" ! -regex "$dir/[^/]*\.log" -delete
+  find "$dir" -mindepth 1 -type d -empty -delete
+}
