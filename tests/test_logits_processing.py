@@ -76,3 +76,26 @@ def test_histories_follow_commits_and_are_forgotten_with_the_sequence() -> None:
     assert out[0, 0, 4].item() == -1.0 and out[0, 0, 6].item() == -2.0  # prompt tokens are not counted
     processing.forget(3)
     assert not processing.histories.slot and not processing.tables and processing.histories.free
+
+
+def test_a_verify_slot_has_the_bits_a_plain_step_computes_after_committing_the_drafts_before_it() -> None:
+    """SD == AR needs more than closeness: slot i of a verify must equal, bit for bit, the single slot a plain
+    decode processes once drafts[:i] are committed (drafts repeating a token and a committed one included)."""
+    torch.manual_seed(1)
+    vocab = 64
+    params = [SamplingParams(repetition_penalty=1.25, frequency_penalty=0.3, presence_penalty=0.7),
+              SamplingParams(repetition_penalty=0.8, presence_penalty=-0.2),
+              SamplingParams(frequency_penalty=1.1)]
+    prompts, outputs = [[3, 9, 9], [1], [5, 6]], [[9, 4], [], [7, 7, 2]]
+    drafts = torch.tensor([[4, 4, 11, 9], [1, 2, 1, 1], [63, 7, 0, 63]])
+    logits = torch.randn(3, 5, vocab) * 4
+    states = [SeqState(b, pr + out, p, cached=len(pr + out) - 1, prompt_len=len(pr))
+              for b, (pr, out, p) in enumerate(zip(prompts, outputs, params, strict=True))]
+    got = LogitsProcessing(vocab, torch.device("cpu")).apply(logits, states, drafts)
+    for b in range(3):
+        for slot in range(5):
+            history = prompts[b] + outputs[b] + drafts[b, :slot].tolist()
+            plain = SeqState(b, history, params[b], cached=len(history) - 1, prompt_len=len(prompts[b]))
+            alone = LogitsProcessing(vocab, torch.device("cpu")).apply(
+                logits[b:b + 1, slot:slot + 1], [plain], torch.zeros((1, 0), dtype=torch.long))
+            assert torch.equal(got[b, slot], alone[0, 0]), (b, slot)

@@ -119,6 +119,7 @@ class LogitsProcessing:
         self.device = device
         self.histories = TokenHistories(vocab_size, device)
         self.tables: dict[int, RowTables] = {}
+        self.pairs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # per verify width
 
     def forget(self, seq_id: int) -> None:
         self.histories.forget(seq_id)
@@ -163,26 +164,53 @@ class LogitsProcessing:
             logits = self._penalise(logits, states, drafts)
         return logits
 
+    def _pairs(self, slots: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The (slot i, draft j < i) pairs of a verify of `slots` slots, whose token drafts[:, j] has drafts[:, :i]'s
+        occurrences added at slot i, and which drafts come before each pair's slot ([P, slots - 1]); made once."""
+        if slots not in self.pairs:
+            slot_of, draft_of = (torch.tensor(v, dtype=torch.long) for v in
+                                 zip(*((i, j) for i in range(1, slots) for j in range(i)), strict=True))
+            before = torch.arange(slots - 1).unsqueeze(0) < slot_of.unsqueeze(1)
+            self.pairs[slots] = (to_device(slot_of, dev), to_device(draft_of, dev), to_device(before, dev))
+        return self.pairs[slots]
+
     def _penalise(self, logits: torch.Tensor, states: list[SeqState], drafts: torch.Tensor) -> torch.Tensor:
-        """Counts at slot i are the committed output's plus drafts[:i]'s."""
+        """Counts at slot i are the committed output's plus drafts[:i]'s. Every slot is penalised with the
+        committed history in one pass (per-token factors and offsets built once per row, [rows, vocab]); then
+        the few entries a slot's earlier drafts touch (at most i per slot) are recomputed with their counts,
+        by the same formula, so a slot's values are those a plain decode of that history computes."""
         rows, slots, vocab = logits.shape
         dev = logits.device
         at = self.histories.rows(states)
-        counts = self.histories.counts[at].unsqueeze(1).expand(rows, slots, vocab)
-        seen = self.histories.seen[at].unsqueeze(1)
-        if slots > 1:
-            drafted = torch.zeros((rows, slots, vocab), dtype=torch.float32, device=dev)
-            drafted[:, 1:].scatter_(-1, drafts.to(dev).long().unsqueeze(-1), 1.0)
-            drafted = drafted.cumsum(dim=1)
-            counts = counts + drafted
-            seen = seen | (drafted > 0)
+        counts, seen = self.histories.counts[at], self.histories.seen[at]  # [R, V]
+        values = torch.tensor([[st.params.repetition_penalty, st.params.frequency_penalty,
+                                st.params.presence_penalty] for st in states], dtype=torch.float32)
+        repetition, frequency, presence = to_device(values, dev).unbind(1)  # [R] each, one upload
+        factor = torch.where(seen, repetition.unsqueeze(1), 1.0)  # x / 1 and x * 1 are x: unseen tokens keep theirs
+        out = _penalised(logits, factor.unsqueeze(1), _offset(counts, frequency.unsqueeze(1),
+                                                                presence.unsqueeze(1)).unsqueeze(1))
+        if slots < 2:
+            return out
+        slot_of, draft_of, before = self._pairs(slots, dev)
+        drafts = drafts.to(dev).long()
+        token = drafts[:, draft_of]  # [R, P]
+        extra = ((drafts.unsqueeze(1) == token.unsqueeze(2)) & before).sum(dim=2)  # [R, P]
+        count = counts.gather(1, token) + extra.float()
+        at_slot = slot_of * vocab + token  # [R, P] into [R, T * V]
+        flat = out.view(rows, slots * vocab)
+        x = logits.reshape(rows, slots * vocab).gather(1, at_slot)
+        fixed = _penalised(x, repetition.unsqueeze(1).expand_as(x),
+                           _offset(count, frequency.unsqueeze(1), presence.unsqueeze(1)))
+        flat.scatter_(1, at_slot, fixed)  # a token drafted twice is written twice with one value
+        return out
 
-        def column(name: str) -> torch.Tensor:
-            values = torch.tensor([getattr(st.params, name) for st in states], dtype=torch.float32)
-            return to_device(values, dev).view(-1, 1, 1)
 
-        repetition = column("repetition_penalty")
-        penalised = torch.where(logits > 0, logits / repetition, logits * repetition)
-        logits = torch.where(seen & (repetition != 1.0), penalised, logits)
-        logits = logits - column("frequency_penalty") * counts
-        return logits - column("presence_penalty") * (counts > 0).float()
+def _offset(counts: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+    """What frequency and presence penalties subtract for a token seen `counts` times in the output."""
+    return (frequency * counts).add_(presence * (counts > 0))
+
+
+def _penalised(x: torch.Tensor, factor: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """Repetition (`factor` divides positive, multiplies negative logits; 1 where the token was not seen),
+    then the frequency and presence offset."""
+    return torch.where(x > 0, x / factor, x * factor).sub_(offset)
