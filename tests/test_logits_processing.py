@@ -99,3 +99,20 @@ def test_a_verify_slot_has_the_bits_a_plain_step_computes_after_committing_the_d
             alone = LogitsProcessing(vocab, torch.device("cpu")).apply(
                 logits[b:b + 1, slot:slot + 1], [plain], torch.zeros((1, 0), dtype=torch.long))
             assert torch.equal(got[b, slot], alone[0, 0]), (b, slot)
+
+
+def test_a_pending_token_is_the_last_of_the_history_as_if_committed() -> None:
+    """An AR step launched ahead of the previous step's commit processes its slot with that step's token as
+    output already: the same bits as after the commit, min_tokens counted with it (3 tokens: stop id 2 free)."""
+    torch.manual_seed(2)
+    vocab = 32
+    p = SamplingParams(repetition_penalty=1.4, frequency_penalty=0.6, presence_penalty=0.3, min_tokens=3,
+                       stop_token_ids=[2])
+    logits = torch.randn(1, 1, vocab) * 3
+    none = torch.zeros((1, 0), dtype=torch.long)
+    before = SeqState(0, [4, 5, 7, 9], p, cached=3, prompt_len=2)
+    got = LogitsProcessing(vocab, torch.device("cpu")).apply(logits, [before], none, pending=torch.tensor([[9]]))
+    after = SeqState(0, [4, 5, 7, 9, 9], p, cached=4, prompt_len=2)
+    assert torch.equal(got, LogitsProcessing(vocab, torch.device("cpu")).apply(logits, [after], none))
+    assert torch.isfinite(got[0, 0, 2])
+    assert not torch.equal(got, LogitsProcessing(vocab, torch.device("cpu")).apply(logits, [before], none))

@@ -73,7 +73,7 @@ def test_penalised_speculative_samples_follow_the_processed_target(pair) -> None
 def test_the_chi_square_test_catches_penalties_that_forget_the_drafts(pair, monkeypatch) -> None:
     original = processing_module.LogitsProcessing._penalise
 
-    def stale(self, logits, states, drafts):  # every slot penalised with the committed history only
+    def stale(self, logits, states, drafts, lead=0):  # every slot penalised with the committed history only
         return torch.cat([original(self, logits[:, s:s + 1], states, drafts[:, :0]) for s in range(logits.shape[1])],
                          dim=1)
 

@@ -119,7 +119,7 @@ class LogitsProcessing:
         self.device = device
         self.histories = TokenHistories(vocab_size, device)
         self.tables: dict[int, RowTables] = {}
-        self.pairs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # per verify width
+        self.pairs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # per (slots, lead)
 
     def forget(self, seq_id: int) -> None:
         self.histories.forget(seq_id)
@@ -130,22 +130,29 @@ class LogitsProcessing:
             self.tables[st.seq_id] = RowTables(st.params, self.vocab_size, self.device)
         return self.tables[st.seq_id]
 
-    def apply(self, logits: torch.Tensor, states: list[SeqState], drafts: torch.Tensor) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, states: list[SeqState], drafts: torch.Tensor,
+              pending: torch.Tensor | None = None) -> torch.Tensor:
         """logits [B, k+1, V] of rows `states` with drafts [B, k] -> processed float32 logits (the input itself
-        when no row asks for processing)."""
+        when no row asks for processing). `pending` [B, 1]: each row's token of a step not committed yet (an AR
+        step launched ahead of that commit decodes after it), output history before slot 0."""
         rows = [b for b, st in enumerate(states) if processes(st.params)]
         if not rows:
             return logits
+        lead = 0
+        if pending is not None:
+            drafts, lead = torch.cat((pending.to(drafts.device), drafts), dim=1), pending.shape[1]
         if len(rows) == len(states):
-            return self._process(logits.float(), states, drafts)
+            return self._process(logits.float(), states, drafts, lead)
         picked = [states[b] for b in rows]
         index = to_device(torch.tensor(rows, dtype=torch.long), self.device)
-        sub = self._process(logits[index].float(), picked, drafts[index])
+        sub = self._process(logits[index].float(), picked, drafts[index], lead)
         out = logits.float().clone()
         out[index] = sub
         return out
 
-    def _process(self, logits: torch.Tensor, states: list[SeqState], drafts: torch.Tensor) -> torch.Tensor:
+    def _process(self, logits: torch.Tensor, states: list[SeqState], drafts: torch.Tensor, lead: int = 0
+                 ) -> torch.Tensor:
+        """Slot i's history is the committed tokens plus drafts[:, :lead + i]."""
         _, slots, vocab = logits.shape
         dev = logits.device
         tables = [self._tables(st) for st in states]
@@ -154,28 +161,29 @@ class LogitsProcessing:
             logits = logits.masked_fill(~allowed.unsqueeze(1), float("-inf"))
         if any(t.stop is not None for t in tables):
             stop = _stack([t.stop for t in tables], torch.zeros(vocab, dtype=torch.bool, device=dev))
-            before = torch.tensor([st.length - st.prompt_len for st in states], dtype=torch.long)
+            before = torch.tensor([st.length - st.prompt_len + lead for st in states], dtype=torch.long)
             minimum = torch.tensor([st.params.min_tokens for st in states], dtype=torch.long)
             short = to_device((before.unsqueeze(1) + torch.arange(slots)) < minimum.unsqueeze(1), dev)  # [R, T]
             logits = logits.masked_fill(short.unsqueeze(-1) & stop.unsqueeze(1), float("-inf"))
         if any(t.bias is not None for t in tables):
             logits = logits + _stack([t.bias for t in tables], torch.zeros(vocab, device=dev)).unsqueeze(1)
         if any(st.params.penalised for st in states):
-            logits = self._penalise(logits, states, drafts)
+            logits = self._penalise(logits, states, drafts, lead=lead)
         return logits
 
-    def _pairs(self, slots: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The (slot i, draft j < i) pairs of a verify of `slots` slots, whose token drafts[:, j] has drafts[:, :i]'s
-        occurrences added at slot i, and which drafts come before each pair's slot ([P, slots - 1]); made once."""
-        if slots not in self.pairs:
+    def _pairs(self, slots: int, lead: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The (slot i, draft j < lead + i) pairs of `slots` slots, whose token drafts[:, j] has drafts[:, :lead + i]'s
+        occurrences added at slot i, and which drafts come before each pair's slot ([P, drafts]); made once."""
+        if (slots, lead) not in self.pairs:
             slot_of, draft_of = (torch.tensor(v, dtype=torch.long) for v in
-                                 zip(*((i, j) for i in range(1, slots) for j in range(i)), strict=True))
-            before = torch.arange(slots - 1).unsqueeze(0) < slot_of.unsqueeze(1)
-            self.pairs[slots] = (to_device(slot_of, dev), to_device(draft_of, dev), to_device(before, dev))
-        return self.pairs[slots]
+                                 zip(*((i, j) for i in range(slots) for j in range(lead + i)), strict=True))
+            before = torch.arange(lead + slots - 1).unsqueeze(0) < (slot_of + lead).unsqueeze(1)
+            self.pairs[slots, lead] = (to_device(slot_of, dev), to_device(draft_of, dev), to_device(before, dev))
+        return self.pairs[slots, lead]
 
-    def _penalise(self, logits: torch.Tensor, states: list[SeqState], drafts: torch.Tensor) -> torch.Tensor:
-        """Counts at slot i are the committed output's plus drafts[:i]'s. Every slot is penalised with the
+    def _penalise(self, logits: torch.Tensor, states: list[SeqState], drafts: torch.Tensor, lead: int = 0
+                  ) -> torch.Tensor:
+        """Counts at slot i are the committed output's plus drafts[:lead + i]'s. Every slot is penalised with the
         committed history in one pass (per-token factors and offsets built once per row, [rows, vocab]); then
         the few entries a slot's earlier drafts touch (at most i per slot) are recomputed with their counts,
         by the same formula, so a slot's values are those a plain decode of that history computes."""
@@ -189,9 +197,9 @@ class LogitsProcessing:
         factor = torch.where(seen, repetition.unsqueeze(1), 1.0)  # x / 1 and x * 1 are x: unseen tokens keep theirs
         out = _penalised(logits, factor.unsqueeze(1), _offset(counts, frequency.unsqueeze(1),
                                                                 presence.unsqueeze(1)).unsqueeze(1))
-        if slots < 2:
+        if lead + slots < 2:
             return out
-        slot_of, draft_of, before = self._pairs(slots, dev)
+        slot_of, draft_of, before = self._pairs(slots, lead, dev)
         drafts = drafts.to(dev).long()
         token = drafts[:, draft_of]  # [R, P]
         extra = ((drafts.unsqueeze(1) == token.unsqueeze(2)) & before).sum(dim=2)  # [R, P]

@@ -12,14 +12,17 @@ in the steady state (sampled rows too: their draws are keyed by position, which 
 one), and commits later through `Verifier.commit`. Step i's commit keeps the KV block the launched step
 writes (`hold`). Only the plain case is launched: the next plan is the next step, verifies the same
 batch in the same order, adds nothing, prefills nothing, removes none of it, sends no verdict and
-drafts nothing; every row asks for no logprobs, logits processing or grammar (those need the host
-between steps, as in PSD launch-ahead: launch_ahead.py), and the runner captures no hidden states.
+drafts nothing; no row asks for logprobs or a grammar (those need the host between steps, as in PSD
+launch-ahead: launch_ahead.py), and the runner captures no hidden states. Logits processing (penalties,
+biases, masks) runs on the device with the uncommitted token as the last of each row's history, as a
+verify slot counts the drafts before it.
 """
 
 from __future__ import annotations
 
 import torch
 
+from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.readback import device_mark
 from minedraft.engine.rejection import Verdict, verify_drafts
 from minedraft.engine.runner import ModelRunner
@@ -31,16 +34,23 @@ from minedraft.worker.membership import apply_membership
 from minedraft.worker.step_timing import timed
 
 
+def ar_row(params: SamplingParams) -> bool:
+    """Whether a row's step can run with nothing read between steps: no logprobs, no grammar."""
+    return params.logprobs is None and params.prompt_logprobs is None and params.structured is None
+
+
 def ar_launchable(worker: Verifier, current: control_pb2.StepPlan, ids: list[int], nxt: control_pb2.StepPlan) -> bool:
     """Whether the next plan's AR step may be queued behind the current AR step over `ids`."""
     if nxt.step != current.step + 1 or nxt.with_drafts or nxt.add or nxt.prefill or nxt.send_verdict:
         return False
     if nxt.draft_batch or nxt.draft_here or list(nxt.verify_batch) != ids or not set(nxt.remove).isdisjoint(ids):
         return False
-    if type(worker.runner).take_hidden is not ModelRunner.take_hidden or not worker.featured.isdisjoint(ids):
+    if type(worker.runner).take_hidden is not ModelRunner.take_hidden:
         return False
     seqs = worker.seqs
     if any(s not in seqs for s in ids):
+        return False
+    if any(not ar_row(seqs[s].params) for s in worker.featured.intersection(ids)):
         return False
     positions = worker.runner.config.max_position_embeddings
     if max(seqs[s].length for s in ids) + 1 > positions:
@@ -73,11 +83,13 @@ def decode_after(worker: Verifier, ids: list[int], tokens: torch.Tensor) -> Verd
     states = [worker.seqs[s] for s in ids]
     starts = [st.length for st in states]
     logits = runner.forward_ids(ids, tokens, starts, [1] * len(ids), last_n=1)
+    drafts = torch.zeros((len(ids), 0), dtype=torch.long, device=runner.device)
+    if not worker.featured.isdisjoint(ids):  # the uncommitted token is the last of each row's history
+        logits = worker.processing.apply(logits, states, drafts, pending=tokens)
     sampling = worker.sampling(ids)
     positions = (None if sampling.all_greedy else
                  runner.to_device(torch.tensor([n + 1 for n in starts], dtype=torch.long)).unsqueeze(1))
     target_probs = logits if sampling.all_greedy else processed_probs(logits, sampling)
-    drafts = torch.zeros((len(ids), 0), dtype=torch.long, device=runner.device)
     return verify_drafts(drafts, None, target_probs, logits, sampling, positions)
 
 
