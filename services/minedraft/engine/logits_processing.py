@@ -207,7 +207,7 @@ class LogitsProcessing:
         at_slot = slot_of * vocab + token  # [R, P] into [R, T * V]
         flat = out.view(rows, slots * vocab)
         x = logits.reshape(rows, slots * vocab).gather(1, at_slot)
-        fixed = _penalised(x, repetition.unsqueeze(1).expand_as(x),
+        fixed = _penalised(x, repetition.unsqueeze(1),
                            _offset(count, frequency.unsqueeze(1), presence.unsqueeze(1)))
         flat.scatter_(1, at_slot, fixed)  # a token drafted twice is written twice with one value
         return out

@@ -22,21 +22,15 @@ from __future__ import annotations
 
 import torch
 
-from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.readback import device_mark
 from minedraft.engine.rejection import Verdict, verify_drafts
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.sampling import processed_probs
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
-from minedraft.verifier.launch_ahead import LaunchedStep
+from minedraft.verifier.launch_ahead import LaunchedStep, host_free
 from minedraft.worker.membership import apply_membership
 from minedraft.worker.step_timing import timed
-
-
-def ar_row(params: SamplingParams) -> bool:
-    """Whether a row's step can run with nothing read between steps: no logprobs, no grammar."""
-    return params.logprobs is None and params.prompt_logprobs is None and params.structured is None
 
 
 def ar_launchable(worker: Verifier, current: control_pb2.StepPlan, ids: list[int], nxt: control_pb2.StepPlan) -> bool:
@@ -50,7 +44,7 @@ def ar_launchable(worker: Verifier, current: control_pb2.StepPlan, ids: list[int
     seqs = worker.seqs
     if any(s not in seqs for s in ids):
         return False
-    if any(not ar_row(seqs[s].params) for s in worker.featured.intersection(ids)):
+    if any(not host_free(seqs[s].params) for s in worker.featured.intersection(ids)):
         return False
     positions = worker.runner.config.max_position_embeddings
     if max(seqs[s].length for s in ids) + 1 > positions:

@@ -48,9 +48,14 @@ class LaunchedStep:
     tokens: torch.Tensor | None = None  # an AR step's verdict tokens [B, 1], on the device: the next AR step's input
 
 
+def host_free(params: SamplingParams) -> bool:
+    """Nothing between steps needs the host: no logprobs to read back, no grammar to advance."""
+    return params.logprobs is None and params.structured is None
+
+
 def plain(params: SamplingParams) -> bool:
-    """No logprobs to read back and no logits processing: what the launched step's readback carries."""
-    return params.logprobs is None and not processes(params) and params.structured is None
+    """No logprobs to read back and no logits processing: what the launched verify's readback carries."""
+    return host_free(params) and not processes(params)
 
 
 def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids: list[int],
