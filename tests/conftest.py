@@ -135,10 +135,13 @@ def start_workers(stack: LocalStack, timeout: float = 120.0) -> LocalStack:
     return stack
 
 
-def pair_stack(target: Path, draft: Path, log_dir: Path, colocated: bool) -> LocalStack:
+def pair_stack(target: Path, draft: Path, log_dir: Path, colocated: bool, launch_ahead: bool = False) -> LocalStack:
     """The verifier over `target` and the draft service over `draft`, or (`colocated`) a verifier that loads
-    `draft` and drafts itself, without a draft service; the batch manager is the test's own (`serve_requests`)."""
-    env = {"verifier": {"MINEDRAFT_COLOCATED_DRAFT": str(draft)}} if colocated else {}
+    `draft` and drafts itself, without a draft service; the batch manager is the test's own (`serve_requests`).
+    `launch_ahead`: both workers queue their next step before reading the current one back, as on a GPU."""
+    ahead = {"MINEDRAFT_LAUNCH_AHEAD": "on"} if launch_ahead else {}
+    env = {"verifier": {**ahead, **({"MINEDRAFT_COLOCATED_DRAFT": str(draft)} if colocated else {})},
+           "draft": ahead}
     stack = LocalStack(StackConfig(target=str(target), draft=str(draft), grpc_port=free_port(),
                                    http_port=free_port(), num_blocks=512, log_dir=log_dir, process_env=env))
     stack.start_verifier()

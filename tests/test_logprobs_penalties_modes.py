@@ -149,3 +149,19 @@ def test_services_logprobs_and_penalties_match_the_oracle(random_pair, hf, tmp_p
     assert status["accepted_total"] > 0, "drafts must have been judged and some accepted"
     if not colocated:
         assert status["steps_by_kind"]["psd"] > 0, "both batches must have run at once"
+
+
+def test_psd_launching_verifies_ahead_keeps_penalised_output_exact(random_pair, hf, tmp_path: Path) -> None:
+    """Penalised greedy batches (no logprobs, no grammar) are verified ahead of the previous verdict's readback:
+    each row's processing reads its batch's committed history, the other batch's commit queued behind it."""
+    requests = [(pr, SamplingParams(max_tokens=12, **extra), None) for extra in PENALTIES for pr in PROMPTS]
+    stack = pair_stack(random_pair[0], random_pair[0], tmp_path, colocated=False, launch_ahead=True)
+    try:
+        results, status = asyncio.run(asyncio.wait_for(
+            serve_requests(stack, random_pair[0], ManagerConfig(mode="psd", k=3), False, requests), 240))
+    finally:
+        stack.stop()
+    for (prompt, params, _), chunks in zip(requests, results, strict=True):
+        assert [t for c in chunks for t in c.token_ids] == reference_greedy(hf, prompt, params.max_tokens, params)
+    assert status["steps_by_kind"]["psd"] > 0 and status["accepted_total"] > 0
+    assert "verifies are launched ahead" in (tmp_path / "verifier.log").read_text()

@@ -9,8 +9,11 @@ longer idles through the host's read-back, bookkeeping, event and next-plan prep
 
 Only the plain case is launched ahead: the next plan verifies exactly the batch this plan drafts (same
 order), removes none of this plan's sequences, every row is greedy and in the steady state (one
-committed token not yet in the KV) and asks for no logprobs or logits processing, the colocated draft is
-off, and the payload fits one frame.
+committed token not yet in the KV) and asks for no logprobs or grammar (`host_free`), the colocated
+draft is off, and the payload fits one frame. Logits processing (penalties, biases, min_tokens) runs as
+on the ordinary path: B's history on the host is whole, since its previous verdict (step i - 1) was
+committed in the turn before, and the processing tables are per sequence, so A's commit behind the
+launched verify changes nothing B reads.
 Everything else takes the ordinary path. Tensor-parallel followers get the plan over their host
 channel and queue the same verify ahead (verifier/tp_follower.py). The drafts' header travels back
 with the verdict and is checked when the step commits; a mismatch (which the plan rules out) is
@@ -27,7 +30,6 @@ from dataclasses import dataclass
 import torch
 
 from minedraft.core.sampling_params import SamplingParams
-from minedraft.engine.logits_processing import processes
 from minedraft.engine.readback import Readback
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
@@ -53,11 +55,6 @@ def host_free(params: SamplingParams) -> bool:
     return params.logprobs is None and params.structured is None
 
 
-def plain(params: SamplingParams) -> bool:
-    """No logprobs to read back and no logits processing: what the launched verify's readback carries."""
-    return host_free(params) and not processes(params)
-
-
 def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids: list[int],
                    nxt: control_pb2.StepPlan) -> list[int] | None:
     """The next plan's verify batch when its verify may be queued now, else None."""
@@ -68,7 +65,7 @@ def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids:
         return None
     for seq_id in drafted:
         st = worker.seqs.get(seq_id)
-        if st is None or st.length - st.cached != 1 or not st.params.greedy or not plain(st.params):
+        if st is None or st.length - st.cached != 1 or not st.params.greedy or not host_free(st.params):
             return None
     return drafted
 
