@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import types
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,35 @@ def test_every_cell_kind_runs_on_the_cpu_in_both_weight_formats(tmp_path: Path) 
     assert json.loads((tmp_path / "step_profile.json").read_text())["rows"][0]["mode"] == "ar"
     page = report.write_report({"ceilings": {"copy_GBps": 10.0, "bf16_TFLOPs": 1.0}, "step_table": results}, tmp_path)
     assert "| bf16 | AR | 2 | 0 |" in page.read_text() and "| alpha |" not in page.read_text()
+
+
+def test_penalised_cells_process_their_rows_and_launch_ahead_beside_the_greedy_ones(tmp_path: Path,
+                                                                                      monkeypatch) -> None:
+    from minedraft.engine.logits_processing import LogitsProcessing
+
+    processed: list[int] = []
+    apply = LogitsProcessing.apply
+
+    def counted(self, logits, states, drafts, **kw):
+        processed.append(len(states))
+        return apply(self, logits, states, drafts, **kw)
+
+    monkeypatch.setattr(LogitsProcessing, "apply", counted)
+    args = sweep_args(["--step-only", "--step-batches", "2", "--step-ks", "2", "--step-modes", "ar,psd,draft",
+                       "--step-sampling", "greedy,penalties"])
+    assert [(c.mode, c.sampling) for c in StepConfig.from_args(args).cells()] == [
+        ("ar", "greedy"), ("ar", "penalties"), ("psd", "greedy"), ("psd", "penalties"), ("draft", "greedy")]
+    with pytest.raises(SystemExit, match="unknown sampling"):
+        StepConfig.from_args(sweep_args(["--step-sampling", "beam"]))
+    cfg = StepConfig(shape="tiny", draft_layers=2, batches=(2,), ks=(2,), modes=("ar", "psd"), context=20, rounds=2,
+                     steps=3, num_blocks=128, device="cpu", copy_GBps=10.0, samplings=("greedy", "penalties"))
+    rows = []
+    for cell in cfg.cells():
+        before = len(processed)
+        rows.append(step_profile.profile(replace(cfg, modes=(cell.mode,), samplings=(cell.sampling,)))["rows"][0])
+        assert (len(processed) > before) == (cell.sampling == "penalties"), cell
+    # the executor launches the penalised steps ahead as it does the plain ones (verifier/ar_ahead.py, launch_ahead.py)
+    assert [(r["mode"], r["sampling"], r["launched_ahead"] > 0) for r in rows] == [
+        ("ar", "greedy", True), ("ar", "penalties", True), ("psd", "greedy", True), ("psd", "penalties", True)]
+    md = "\n".join(step_table(rows))
+    assert "| bf16 | AR, penalties | 2 | 0 |" in md and "| bf16 | AR | 2 | 0 |" in md

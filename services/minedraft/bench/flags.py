@@ -80,6 +80,9 @@ def add_step_table_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-steps", type=int, default=6, help="steps per block")
     p.add_argument("--step-num-blocks", type=int, default=4096, help="KV blocks per model for the step cells")
     p.add_argument("--step-alpha", type=float, default=0.0269, help="the synthetic pair's alpha for the step cells")
+    p.add_argument("--step-sampling", default="greedy",
+                   help="comma list of the rows' sampling: greedy (argmax, nothing processed), penalties (greedy "
+                        "with repetition 1.1, frequency 0.5 and presence 0.5 penalties); the draft cell is greedy only")
     p.add_argument("--weights", default="bf16",
                    help="comma list of the target's (and draft's) weight formats: bf16, fp8 (needs FP8 support)")
 

@@ -53,6 +53,7 @@ class Cell:
     mode: str  # step_report.MODES
     batch: int  # sequences per step (psd: per batch; the cell holds two)
     k: int = 0
+    sampling: str = "greedy"  # step_report.SAMPLINGS: the rows' processing
 
     @property
     def sequences(self) -> int:
@@ -90,9 +91,14 @@ def phase_hooks() -> list[Hook]:
     ]
 
 
-def greedy_spec(seq_id: int, tokens: list[int]) -> control_pb2.SeqSpec:
+def greedy_spec(seq_id: int, tokens: list[int], sampling: str = "greedy") -> control_pb2.SeqSpec:
+    """A greedy row; `penalties`: with the penalties the sampling-features bench uses (bench/sampling_features.py)."""
     spec = control_pb2.SeqSpec(seq_id=seq_id, tokens=tokens, prompt_len=len(tokens))
     spec.sampling.top_p = 1.0
+    if sampling == "penalties":
+        spec.sampling.repetition_penalty = 1.1
+        spec.sampling.frequency_penalty = 0.5
+        spec.sampling.presence_penalty = 0.5
     return spec
 
 
@@ -141,7 +147,7 @@ class CellDriver:
                                     with_drafts=mode in ("verify", "fused", "psd"), draft_here=mode == "fused",
                                     draft_batch=drafted)
         if first:
-            plan.add.extend(greedy_spec(s, p) for s, p in zip(self.ids, self.prompts, strict=True))
+            plan.add.extend(greedy_spec(s, p, self.cell.sampling) for s, p in zip(self.ids, self.prompts, strict=True))
         return plan
 
     def setup(self) -> None:
@@ -235,13 +241,16 @@ def measure_cell(driver: CellDriver, copy_GBps: float, rounds: int = 4, steps: i
                         nbytes.append(driver.step())
                         gpu.close()
                 gpu_ms.append(gpu.take_ms() / steps)
+    executor = driver.executor
+    launched = (executor.launched_count, executor.verified_count) if executor is not None else (0, 0)
     driver.teardown()
     cell = driver.cell
     mean_bytes = sum(nbytes) / len(nbytes)
     flops = step_flops(cell.mode, cell.batch, cell.k, driver.target_bytes, driver.draft_bytes)
-    return {"mode": cell.mode, "batch": cell.batch, "k": cell.k, "steps": rounds * steps,
+    return {"mode": cell.mode, "batch": cell.batch, "k": cell.k, "sampling": cell.sampling, "steps": rounds * steps,
             "whole_ms": sum(whole) / len(whole), "whole_range": [min(whole), max(whole)],
             "gpu_ms": sum(gpu_ms) / len(gpu_ms), "gpu_range": [min(gpu_ms), max(gpu_ms)],
             "bytes": mean_bytes, "bound_ms": bound_ms(mean_bytes, copy_GBps), "flops": flops,
             "compute_ms": compute_ms(flops, matmul_TFLOPs),
-            "phased_whole_ms": sum(phased) / len(phased), "phases": dict(phases), "late_segments": gpu.late}
+            "phased_whole_ms": sum(phased) / len(phased), "phases": dict(phases), "late_segments": gpu.late,
+            "launched_ahead": launched[0], "verified": launched[1]}

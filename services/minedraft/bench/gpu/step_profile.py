@@ -24,7 +24,7 @@ import torch
 from minedraft.bench.flags import add_step_table_flags
 from minedraft.bench.fp8_quantizer import quantize_model
 from minedraft.bench.gpu.step_cells import Cell, CellDriver, measure_cell
-from minedraft.bench.gpu.step_report import MODES, report_lines
+from minedraft.bench.gpu.step_report import MODES, SAMPLINGS, report_lines
 from minedraft.bench.gpu.timing import ceilings, log
 from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic
 from minedraft.engine.blas_plan import MODES as BLAS_MODES
@@ -53,25 +53,30 @@ class StepConfig:
     device: str = "cuda:0"
     copy_GBps: float = 0.0  # 0: measure it (and the bf16 matmul rate)
     matmul_TFLOPs: float = 0.0
+    samplings: tuple[str, ...] = ("greedy",)  # step_report.SAMPLINGS: each cell once per kind of rows
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> StepConfig:
         modes = tuple(m for m in args.step_modes.split(",") if m)
         weights = tuple(w for w in args.weights.split(",") if w)
-        for name, given, known in (("mode", modes, MODES), ("weights", weights, WEIGHTS)):
+        samplings = tuple(s for s in getattr(args, "step_sampling", "greedy").split(",") if s)
+        for name, given, known in (("mode", modes, MODES), ("weights", weights, WEIGHTS),
+                                   ("sampling", samplings, SAMPLINGS)):
             if unknown := [g for g in given if g not in known]:
                 raise SystemExit(f"unknown {name} {unknown}; choose from {', '.join(known)}")
         return cls(args.shape, args.draft_layers, args.step_alpha, tuple(args.step_batches), tuple(args.step_ks),
                    modes, weights, args.step_context, args.step_rounds, args.step_steps, args.step_num_blocks,
-                   getattr(args, "device", "cuda:0"), getattr(args, "copy_gbps", 0.0))
+                   getattr(args, "device", "cuda:0"), getattr(args, "copy_gbps", 0.0), samplings=samplings)
 
     def cells(self) -> list[Cell]:
-        """AR first, then per k the verify, PSD's verify, the fused cycle and the draft (a deadline cuts the last)."""
+        """AR first, then per k the verify, PSD's verify, the fused cycle and the draft (a deadline cuts the last);
+        each once per sampling, next to each other (the draft's rows are never processed: greedy only)."""
         order = [m for m in ("ar", "verify", "psd", "fused", "draft") if m in self.modes]
         out = [Cell("ar", b, 0) for b in self.batches] if "ar" in order else []
         for k in self.ks:
             out += [Cell(mode, b, k) for mode in order if mode != "ar" for b in self.batches]
-        return out
+        return [Cell(c.mode, c.batch, c.k, s) for c in out for s in self.samplings
+                if s == "greedy" or c.mode != "draft"]
 
 
 def load(cfg: StepConfig, role: str, weights: str) -> torch.nn.Module:
@@ -130,7 +135,7 @@ def profile(cfg: StepConfig, saved: Callable[[dict], None] | None = None) -> dic
             results["rows"].append(row)
             if saved is not None:
                 saved(results)
-            log(f"{weights} {cell.mode} b={cell.batch} k={cell.k}: GPU {row['gpu_ms']:.3f} ms, whole "
+            log(f"{weights} {cell.mode} {cell.sampling} b={cell.batch} k={cell.k}: GPU {row['gpu_ms']:.3f} ms, whole "
                 f"{row['whole_ms']:.3f} ms, bound {row['bound_ms']:.3f} ms, late {row['late_segments']}")
         del verifier, drafter
         if device.type == "cuda":

@@ -15,6 +15,13 @@ from dataclasses import dataclass
 MODES = ("ar", "verify", "psd", "draft", "fused")
 MODE_LABELS = {"ar": "AR", "verify": "SD verify", "psd": "PSD verify (launched ahead)", "draft": "draft (k steps)",
                "fused": "SD colocated fused"}
+SAMPLINGS = ("greedy", "penalties")  # the rows' processing (step_cells.greedy_spec); greedy is the plain step
+
+
+def label(row: dict) -> str:
+    """The step's name in the tables: its mode, and the rows' processing where there is any."""
+    name = MODE_LABELS[row["mode"]]
+    return name if row.get("sampling", "greedy") == "greedy" else f"{name}, {row['sampling']}"
 PHASES = ("plan decode", "block tables", "sampling tensors", "input copies", "graph replay", "eager launches",
           "readback queue", "readback wait", "commit", "other")
 WAIT = "readback wait"
@@ -79,7 +86,8 @@ def fmt(x: float, digits: int = 2) -> str:
 
 
 def _key(row: dict) -> tuple:
-    return (row.get("weights", "bf16"), MODES.index(row["mode"]), row["k"], row["batch"])
+    return (row.get("weights", "bf16"), MODES.index(row["mode"]), row["k"], row["batch"],
+            SAMPLINGS.index(row.get("sampling", "greedy")))
 
 
 def step_table(rows: list[dict]) -> list[str]:
@@ -90,7 +98,7 @@ def step_table(rows: list[dict]) -> list[str]:
     for row in sorted((summarize(dict(r)) for r in rows), key=_key):
         share, floor, excess = row["bound_share"], row["floor_share"], row["whole_over_gpu"]
         compute = fmt(row["compute_ms"]) if row.get("compute_ms") else "-"
-        out.append(f"| {row.get('weights', 'bf16')} | {MODE_LABELS[row['mode']]} | {row['batch']} | {row['k']} | "
+        out.append(f"| {row.get('weights', 'bf16')} | {label(row)} | {row['batch']} | {row['k']} | "
                    f"{fmt(row['gpu_ms'])} | {fmt(row['whole_ms'])} | {fmt(row['bound_ms'])} | {compute} | "
                    f"{fmt(100 * share, 1)}%{'' if share >= BOUND_GOAL else ' *'} | "
                    f"{fmt(100 * floor, 1)}%{'' if floor >= BOUND_GOAL else ' *'} | "
@@ -119,7 +127,7 @@ def phase_table(rows: list[dict]) -> list[str]:
     for row in sorted(rows, key=_key):
         merged, scoped = merged_phases(row.get("phases", {}))
         cells = " | ".join(fmt(merged[name], 3) for name in PHASES)
-        out.append(f"| {row.get('weights', 'bf16')} | {MODE_LABELS[row['mode']]} | {row['batch']} | {row['k']} | "
+        out.append(f"| {row.get('weights', 'bf16')} | {label(row)} | {row['batch']} | {row['k']} | "
                    f"{fmt(row.get('phased_whole_ms', 0.0))} | {cells} | {fmt(scoped, 3)} |")
     return out
 
@@ -139,7 +147,7 @@ def report_lines(results: dict) -> list[str]:
     late = [r for r in rows if r.get("late_segments")]
     if late:
         lines += ["", "GPU time caught the host up in " + ", ".join(
-            f"{MODE_LABELS[r['mode']]} b={r['batch']} k={r['k']} ({r['late_segments']})" for r in late)
+            f"{label(r)} b={r['batch']} k={r['k']} ({r['late_segments']})" for r in late)
             + " segments: those GPU times may include host gaps."]
     for error in results.get("errors", []):
         lines += ["", f"Not measured: {error}"]
