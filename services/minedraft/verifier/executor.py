@@ -18,6 +18,7 @@ from minedraft.verifier.ar_ahead import held, launch_ar
 from minedraft.verifier.colocated import ColocatedDrafter, verified_lengths
 from minedraft.verifier.draft_rows import align_drafts
 from minedraft.verifier.launch_ahead import LaunchedStep, await_next, launchable_ids
+from minedraft.verifier.posted_drafts import DraftedBatch, PostedProposal, take_posted
 from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_header
 from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError
 from minedraft.worker.info import worker_info
@@ -58,16 +59,19 @@ class VerifierExecutor(PlaneOwner):
         self.store_port = store_port
         self.plane: DataPlane | None = None
         self.drafts_pending = False
+        self.drafted: DraftedBatch | None = None  # what the pending drafts are (posted_drafts.py)
         self.last_step = -1
         self.upcoming: Callable[[], control_pb2.StepPlan | None] = lambda: None  # set by the control loop
         self.launched: LaunchedStep | None = None  # the next plan, when its verify is already queued
         self.launched_count = 0  # verifies launched ahead since the batch manager connected
+        self.posted_count = 0  # ... and queued before their drafts reached the host
         self.verified_count = 0  # ... of so many verify steps
 
     def reset(self) -> None:
-        if self.launched_count:
-            log.info("%d of %d verify steps were launched ahead", self.launched_count, self.verified_count)
-        self.launched, self.launched_count, self.verified_count = None, 0, 0
+        if self.launched_count or self.posted_count:
+            log.info("%d of %d verify steps were launched ahead, %d queued before their drafts were read",
+                     self.launched_count, self.verified_count, self.posted_count)
+        self.launched, self.launched_count, self.posted_count, self.verified_count = None, 0, 0, 0
         if self.followers is not None:
             self.followers.send(KIND_RESET)
         forget_all(self.worker)
@@ -115,15 +119,16 @@ class VerifierExecutor(PlaneOwner):
         dropped = launched is not None  # the followers forget it uncommitted too
         event = control_pb2.WorkerEvent(step=plan.step)
         timing = event.timing
-        payload = None
+        payload = posted = None
         here = self.colocated is not None and plan.draft_here  # this plan drafts on the own draft model
         try:
-            payload = self._receive_drafts(timing, here)
+            posted = self._take_posted(plan)
+            payload = self._receive_drafts(timing, here) if posted is None else None
         except DataPlaneError as exc:
             log.warning("draft service lost at step %d: %s", plan.step, exc)
             self._drop_plane()
             event.data_plane_lost = True
-        self.drafts_pending = plan.with_drafts and len(plan.draft_batch) > 0 and self.plane is not None and not here
+        self._expect_drafts(plan, not here)
         with timed(timing, "control_ms"):
             apply_membership(self.worker, plan)
             if self.colocated is not None:
@@ -133,6 +138,10 @@ class VerifierExecutor(PlaneOwner):
         if ids:
             # Drafts that arrive for an AR plan (drafting was just switched off) are dropped.
             proposal = align_drafts(payload, ids) if payload is not None and plan.with_drafts else None
+            if posted is not None:
+                if ids != posted.ids:
+                    raise RuntimeError(f"step {plan.step} verifies {ids[:8]}, not its drafted batch {posted.ids[:8]}")
+                proposal = posted.proposal
             if self.followers is not None:
                 self.followers.send(KIND_PLAN, plan, proposal, drop=dropped)
             started = device_mark(self.device) if self.colocated is None else None
@@ -142,6 +151,8 @@ class VerifierExecutor(PlaneOwner):
             hidden = self.worker.runner.take_hidden(ids) if plan.send_verdict or self.colocated else None
             self._hand_on(plan, VerdictPayload(plan.step, ids, verdict.tokens, verdict.accepted, hidden), timing, event)
             readback = self.worker.read_back(verdict, started)
+            if posted is not None and posted.broken(self.plane):
+                self._lose_plane(plan.step, posted.header.tolist(), posted.expected_header, event)
             if here and self.launch_ahead:  # the next drafts go right behind the verify (colocated_ahead.py)
                 self.colocated.draft_ahead(plan, ids, proposal, verdict)  # type: ignore[union-attr]
             self._launch_next(plan, ids, event, readback, None if plan.with_drafts else verdict.tokens)
@@ -222,7 +233,7 @@ class VerifierExecutor(PlaneOwner):
             event.data_plane_lost = True
             return
         timing.batch = len(next_ids)
-        self.drafts_pending = nxt.with_drafts and len(nxt.draft_batch) > 0 and self.plane is not None
+        self._expect_drafts(nxt)
         hidden = self.worker.runner.take_hidden(next_ids) if nxt.send_verdict else None  # an EAGLE head's states
         payload = VerdictPayload(nxt.step, next_ids, verdict.tokens, verdict.accepted, hidden)
         self._hand_on(nxt, payload, timing, next_event)
@@ -237,14 +248,33 @@ class VerifierExecutor(PlaneOwner):
         plan, event = launched.plan, launched.event
         header = launched.header.tolist() if launched.header is not None else None  # None: an AR step
         if header is not None and (header != launched.expected_header or getattr(self.plane, "aborted", False)):
-            log.error("step %d verified drafts whose header %s is not the expected %s; re-syncing the draft "
-                      "service", plan.step, header[:8], launched.expected_header[:8])
-            self._drop_plane()
-            event.data_plane_lost = True
+            self._lose_plane(plan.step, header, launched.expected_header, event)
         self._launch_next(plan, launched.ids, event, launched.readback, launched.tokens)
         self._commit(launched.ids, launched.readback, event)
         self.last_step = plan.step
         return self._report(event)
+
+    def _expect_drafts(self, plan: control_pb2.StepPlan, from_service: bool = True) -> None:
+        """Whether the draft service's drafts of the plan's draft batch are coming for the next plan, and which."""
+        self.drafts_pending = from_service and plan.with_drafts and len(plan.draft_batch) > 0 and self.plane is not None
+        self.drafted = DraftedBatch.of(plan) if self.drafts_pending else None
+
+    def _take_posted(self, plan: control_pb2.StepPlan) -> PostedProposal | None:
+        """The plan's drafts from the posted frame, unread, with launch-ahead on (posted_drafts.py)."""
+        plane, drafted = self.plane, self.drafted
+        if not (self.launch_ahead and self.drafts_pending) or plane is None or drafted is None or self.colocated:
+            return None
+        posted = take_posted(self.worker, plane, drafted, plan)
+        if posted is not None and not self.posted_count:
+            log.info("verifies are queued before their drafts are read (first: step %d)", plan.step)
+        self.posted_count += posted is not None
+        return posted
+
+    def _lose_plane(self, step: int, header: list[int], expected: list[int], event: control_pb2.WorkerEvent) -> None:
+        log.error("step %d verified drafts whose header %s is not the expected %s; re-syncing the draft service",
+                  step, header[:8], expected[:8])
+        self._drop_plane()
+        event.data_plane_lost = True
 
     def _report(self, event: control_pb2.WorkerEvent) -> control_pb2.WorkerEvent:
         cache_report(self.worker, event.prefix_cache)

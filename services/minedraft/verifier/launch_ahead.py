@@ -63,11 +63,17 @@ def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids:
         return None
     if list(nxt.verify_batch) != drafted or not set(nxt.remove).isdisjoint((*current_ids, *drafted)):
         return None
-    for seq_id in drafted:
+    return drafted if device_rows(worker, drafted) else None
+
+
+def device_rows(worker: Verifier, ids: list[int]) -> bool:
+    """Whether a verify of `ids` can take its drafts as device tokens, unread: every row is held, in the steady
+    state (one committed token not yet in the KV), greedy (no draft probabilities to receive) and host-free."""
+    for seq_id in ids:
         st = worker.seqs.get(seq_id)
         if st is None or st.length - st.cached != 1 or not st.params.greedy or not host_free(st.params):
-            return None
-    return drafted
+            return False
+    return True
 
 
 def await_next(upcoming: Callable[[], control_pb2.StepPlan | None], readback: Readback

@@ -59,8 +59,10 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--launch-ahead", choices=("auto", "on", "off"), default=env("LAUNCH_AHEAD", "auto"),
                         help="queue the next PSD step on the device before this one's result is read back: the "
                              "verifier's next verify, the draft's next drafts from a verdict still on the device "
-                             "(verifier/ and draft_service/launch_ahead.py); auto = on for a GPU (the verifier: a GPU, "
-                             "no tensor parallelism and a draft model; with an EAGLE head, either worker only when on) "
+                             "(verifier/ and draft_service/launch_ahead.py), and in sequential SD each verify before "
+                             "its drafts reach the host (verifier/posted_drafts.py); auto = on for a GPU (the "
+                             "verifier: a GPU, no tensor parallelism and a draft model; with an EAGLE head, either "
+                             "worker only when on) "
                              "[MINEDRAFT_LAUNCH_AHEAD]")
     parser.add_argument("--blas", choices=BLAS_MODES, default=env("BLAS", "auto"),
                         help="the library of the half-precision projections on a GPU: auto = per GEMM shape of each "

@@ -1,0 +1,86 @@
+"""Verifying drafts that are still in flight: the verify is queued before the draft frame reaches the host.
+
+Without this, a verify plan whose drafts come over the data plane first waits on the host for the frame
+(`DataPlane.recv_drafts`: the header is read back), and only then builds the step's inputs and queues it,
+so the GPU idles through that preparation once the drafts are in. In sequential SD with the draft service
+on its own GPU that is every cycle: the verifier can do nothing but wait while the draft model drafts.
+When the receive of the frame is already posted (`VerifierExecutor._hand_on`), the verify can instead
+read the drafts as device tokens from the posted frame: the stream waits for the receive, the host does
+not, so the inputs are built and the step queued while the draft GPU is still drafting, and the verify
+starts as soon as the drafts land.
+
+The frame's layout must then be known before it arrives: the rows are the drafting plan's draft batch in
+its order, each with that plan's k drafts and no draft probabilities. So only what `device_rows` allows
+takes this path (greedy, steady, host-free rows), and only the plan right after the drafting plan that
+verifies exactly its draft batch with k fixed (no TETRIS selection, whose lengths are read on the host).
+The header travels with the frame and is checked once it is read back, before the step commits; a
+mismatch (which these rules exclude) is reported as a broken data plane and the draft service re-synced.
+Greedy verification is exact for any drafts, so even then no output token is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minedraft.engine.drafter import Proposal
+from minedraft.engine.readback import Readback
+from minedraft.engine.verifier import Verifier
+from minedraft.proto import control_pb2
+from minedraft.verifier.launch_ahead import device_rows
+from minedraft.worker.data_frames import expected_header
+from minedraft.worker.data_plane import DataPlane
+
+
+@dataclass(frozen=True, slots=True)
+class DraftedBatch:
+    """What a plan asked the draft service to draft: the frame the plan after it verifies."""
+
+    step: int
+    ids: tuple[int, ...]
+    k: int
+    selected: bool  # TETRIS-selected drafts: ragged rows whose lengths are read on the host
+
+    @classmethod
+    def of(cls, plan: control_pb2.StepPlan) -> DraftedBatch:
+        return cls(plan.step, tuple(plan.draft_batch), plan.k, plan.draft_budget > 0)
+
+
+@dataclass(slots=True)
+class PostedProposal:
+    """Drafts read from a posted frame on the device, with the header to check once it is read back."""
+
+    ids: list[int]
+    proposal: Proposal
+    header: Readback
+    expected_header: list[int]
+
+    def broken(self, plane: DataPlane | None) -> bool:
+        """Whether the frame was not the expected one (or the data plane was aborted while it was in flight)."""
+        return self.header.tolist() != self.expected_header or bool(getattr(plane, "aborted", False))
+
+
+def posted_ids(worker: Verifier, drafted: DraftedBatch, plan: control_pb2.StepPlan) -> list[int] | None:
+    """The plan's verify batch when its drafts may be taken from the posted frame, else None (checked before
+    the plan's membership is applied: its removals must spare the batch)."""
+    ids = list(plan.verify_batch)
+    if plan.step != drafted.step + 1 or not plan.with_drafts or drafted.selected or drafted.k < 1:
+        return None
+    if not ids or tuple(ids) != drafted.ids or not set(plan.remove).isdisjoint(ids):
+        return None
+    return ids if device_rows(worker, ids) else None
+
+
+def take_posted(worker: Verifier, plane: DataPlane, drafted: DraftedBatch, plan: control_pb2.StepPlan
+                ) -> PostedProposal | None:
+    """The plan's drafts as device tokens from the posted frame, when `posted_ids` allows and a receive is
+    posted that the payload fits; None otherwise (the frame is then read on the host as before)."""
+    ids = posted_ids(worker, drafted, plan)
+    if ids is None:
+        return None
+    posted = plane.take_posted_drafts(len(ids), drafted.k)
+    if posted is None:
+        return None
+    header = Readback(posted.header)  # ready once the drafts are in, before the verify runs
+    # A frame cut short by an abort holds garbage: keep every id valid (the step is reported lost at commit).
+    drafts = posted.tokens.clamp(0, worker.vocab_size - 1)
+    return PostedProposal(ids, Proposal(drafts, None), header, expected_header(drafted.step, ids, drafted.k))
