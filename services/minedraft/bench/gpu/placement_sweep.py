@@ -1,4 +1,4 @@
-"""`python -m minedraft.bench.gpu.placement_sweep`: PSD against SD colocated, through the services (issue 13).
+"""`python -m minedraft.bench.gpu.placement_sweep`: PSD against SD colocated, through the services.
 
 For each acceptance level, on the peaked synthetic 8B pair (`:agree=A`, greedy margins far above bf16
 rounding, so every configuration's greedy output must equal AR's): AR and SD colocated on GPU 0
