@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from minedraft.bench.gpu import step_profile
-from minedraft.bench.gpu.loopback_plane import LoopbackDrafts
+from minedraft.bench.gpu.loopback_plane import LoopbackDrafts, LoopbackVerdicts
 from minedraft.bench.gpu.step_cells import Cell, CellDriver
 from minedraft.bench.gpu.step_profile import StepConfig
 from minedraft.engine.verifier import Verifier
@@ -36,12 +36,14 @@ def test_the_psd_cell_launches_every_verify_ahead_and_commits_what_the_ordinary_
     executor = ahead.executor
     assert executor is not None
     assert executor.launched_count == STEPS - 1  # every plan but a block's first came launched ahead
-    assert plane.taken == STEPS - 1 and plane.received == 2  # B's prefill and the block's first verify
+    # the block's first verify takes its drafts unread too (posted_drafts.py); only B's prefill reads its frame
+    assert executor.posted_count == 1 and plane.taken == STEPS and plane.received == 1
     assert executor.plane is plane  # no header mismatch dropped the link
     ahead.teardown()
 
     plain, plane, plain_tokens = run_cell(verifier, 2000, ahead=False)
-    assert plain.executor is not None and plain.executor.launched_count == 0 and plane.taken == 0
+    assert plain.executor is not None and plain.executor.launched_count == 0
+    assert plain.executor.posted_count == STEPS and plane.taken == STEPS and plane.received == 1
     plain.teardown()
 
     assert launched_tokens == plain_tokens
@@ -49,3 +51,42 @@ def test_the_psd_cell_launches_every_verify_ahead_and_commits_what_the_ordinary_
     # setup: A's prefill (1 token), B's prefill and verify (1..3); then each batch is verified 3 or 4 times
     assert all(g >= 4 for g in grown), grown
     assert not verifier.seqs
+
+
+def run_draft_cell(first_id: int, launch_ahead: bool) -> tuple[CellDriver, LoopbackVerdicts, dict[int, list[int]]]:
+    cfg = StepConfig(shape="tiny", draft_layers=2, batches=(3,), ks=(2,), context=12, num_blocks=256, device="cpu")
+    _, drafter = step_profile.engine_pair(cfg, "bf16", needs_draft=True)
+    assert drafter is not None
+    torch.manual_seed(5)  # the same verdicts for both runs
+    driver = CellDriver(drafter, drafter, Cell("psd-draft", 3, 2), first_id,  # type: ignore[arg-type]
+                        step_profile.prompts(cfg, drafter.vocab_size))
+    executor = driver.draft_executor
+    assert executor is not None and isinstance(executor.plane, LoopbackVerdicts)
+    executor.launch_ahead = launch_ahead
+    plane = executor.plane
+    driver.setup()
+    for j in range(STEPS):
+        driver.step(ahead=j + 1 < STEPS)
+    tokens = {s - first_id: list(drafter.seqs[s].tokens) for s in driver.ids}
+    return driver, plane, tokens
+
+
+def test_the_psd_draft_cell_drafts_each_plan_from_the_verdict_on_the_device_as_the_ordinary_path_would() -> None:
+    """The draft service's own loop over the loopback verdicts: with launch-ahead every timed plan after the
+    first is queued during the plan before it, from a verdict never read on the host first; the sequences then
+    hold what reading each verdict, committing it and proposing (launch-ahead off) leaves."""
+    ahead, plane, ahead_tokens = run_draft_cell(1000, launch_ahead=True)
+    executor = ahead.draft_executor
+    assert executor is not None and executor.plane is plane  # no header mismatch dropped the link
+    assert ahead.launched() == (STEPS, STEPS + 2)  # setup's two plans draft from no verdict
+    assert plane.taken == STEPS and plane.received == 0 and plane.sent == STEPS + 2
+    ahead.teardown()
+
+    plain, plane, plain_tokens = run_draft_cell(2000, launch_ahead=False)
+    assert plain.launched() == (0, STEPS + 2) and plane.taken == 0 and plane.received == STEPS
+    plain.teardown()
+
+    assert ahead_tokens == plain_tokens
+    # each batch was drafted from 3 or 4 verdicts: row i accepts i % 3 drafts, then the bonus token
+    grown = [len(t) - 12 for t in ahead_tokens.values()]
+    assert grown == [n * (1 + i % 3) for n in (4, 3) for i in range(3)], grown

@@ -154,7 +154,8 @@ def test_every_cell_kind_runs_on_the_cpu_in_both_weight_formats(tmp_path: Path) 
                      rounds=2, steps=1, num_blocks=128, device="cpu", copy_GBps=10.0)
     results = step_profile.profile(cfg)
     assert [(r["mode"], r["weights"]) for r in results["rows"]] == [
-        (mode, weights) for weights in ("bf16", "fp8") for mode in ("ar", "verify", "psd", "fused", "draft")]
+        (mode, weights) for weights in ("bf16", "fp8")
+        for mode in ("ar", "verify", "psd", "fused", "draft", "psd-draft")]
     assert results["errors"] == []
     for r in results["rows"]:
         assert r["steps"] == 2 and r["gpu_ms"] == 0.0 and r["bound_ms"] > 0

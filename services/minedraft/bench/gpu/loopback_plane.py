@@ -7,57 +7,141 @@ answers the verifier executor's data-plane calls as a link whose drafts are alwa
 drafts are fixed tokens already on the device, and a posted frame's header says what the draft service's
 would (the step that drafted it, the batch, k, the sequence ids), so the executor's own checks of it pass
 or fail exactly as on a real link. Verdicts are not sent: the cell's plans ask for none.
+
+`LoopbackVerdicts` is the verifier's end for the draft side of PSD (the "psd-draft" cell): the draft service
+drafts each batch from the verdict on its device, queued before the previous plan's drafts are read back
+(draft_service/launch_ahead.py), so the verdict a posted receive gets is a fixed frame per batch already on the
+device (each row accepting a fixed number of its drafts), its step set as the receive lands.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 import torch
 
+from minedraft.draft_service.launch_ahead import AwaitedVerdict
 from minedraft.engine.transfer import to_device
-from minedraft.proto import control_pb2
-from minedraft.worker.data_frames import DraftPayload, PostedDrafts, expected_header
+from minedraft.verifier.posted_drafts import DraftedBatch
+from minedraft.worker.data_frames import (
+    FRAME_SLOTS,
+    DraftPayload,
+    PostedDrafts,
+    PostedVerdict,
+    VerdictPayload,
+    expected_header,
+    expected_verdict_header,
+    posted_verdict,
+)
 
 
 class LoopbackDrafts:
-    """Stands where `VerifierExecutor.plane` (worker/data_plane.DataPlane) does; `handled()` is the plan the
-    executor is handling now (the one whose draft batch a posted frame carries)."""
+    """Stands where `VerifierExecutor.plane` (worker/data_plane.DataPlane) does; `drafted()` is what the executor
+    expects the next frame to hold when it posts a receive (`VerifierExecutor.drafted`), and the frames are taken
+    in the order their receives were posted, as on the real link."""
 
     backend = "nccl"  # receives are posted on the stream, as over NCCL
     transport = "loopback"
     epoch = 0
     aborted = False
 
-    def __init__(self, drafts: dict[tuple[int, ...], torch.Tensor], handled: Callable[[], control_pb2.StepPlan],
+    def __init__(self, drafts: dict[tuple[int, ...], torch.Tensor], drafted: Callable[[], DraftedBatch | None],
                  device: torch.device) -> None:
         self.drafts = drafts  # per batch (its sequence ids in order): [B, k] token ids on the device
-        self.handled = handled
+        self.drafted = drafted
         self.device = device
+        self.queue: deque[tuple[int, list[int], int]] = deque()  # posted frames: drafting step, batch, k
         self.posted = 0  # receives posted so far
-        self.taken = 0  # ... of which a launched-ahead verify consumed on the device
-        self.received = 0  # drafts handed to an ordinary (not launched-ahead) verify
+        self.taken = 0  # ... of which a verify read on the device (launched ahead, or queued before the frame)
+        self.received = 0  # drafts read on the host first (the ordinary path)
 
     def post_drafts_receive(self) -> None:
+        drafted = self.drafted()
+        assert drafted is not None, "a receive is posted only for drafts on their way"
+        self.queue.append((drafted.step, list(drafted.ids), drafted.k))
         self.posted += 1
 
     def take_posted_drafts(self, batch: int, k: int) -> PostedDrafts | None:
-        """The frame of the drafts the handled plan's draft batch produces (the next plan verifies them)."""
-        plan = self.handled()
-        ids = list(plan.draft_batch)
-        tokens = self.drafts[tuple(ids)]
-        if tokens.shape != (batch, k):
+        """The oldest posted frame as device views, when one is posted and holds `batch` rows of k drafts."""
+        if not self.queue or (len(self.queue[0][1]), self.queue[0][2]) != (batch, k):
             return None
+        step, ids, k = self.queue.popleft()
         self.taken += 1
-        header = to_device(torch.tensor(expected_header(plan.step, ids, plan.k), dtype=torch.long), self.device)
-        return PostedDrafts(tokens, header)
+        header = to_device(torch.tensor(expected_header(step, ids, k), dtype=torch.long), self.device)
+        return PostedDrafts(self.drafts[tuple(ids)], header)
 
     def recv_drafts(self) -> DraftPayload:
-        """The drafts the handled plan verifies (drafted during the step before it)."""
-        plan = self.handled()
-        ids = list(plan.verify_batch)
+        """The oldest posted frame, read on the host (every receive is posted first: the backend is "nccl")."""
+        step, ids, _ = self.queue.popleft()
         self.received += 1
-        return DraftPayload(plan.step - 1, ids, self.drafts[tuple(ids)], None)
+        return DraftPayload(step, ids, self.drafts[tuple(ids)], None)
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def close(self) -> None:
+        """Nothing to tear down: no process group was formed."""
+
+
+class LoopbackVerdicts:
+    """Stands where `DraftExecutor.plane` does; `awaited()` is the verdict the executor awaits (its step and
+    batch), of the cell's k drafts per row. Row i of each batch accepts i % (k + 1) of them (k / 2 on average)."""
+
+    backend = "nccl"
+    transport = "loopback"
+    epoch = 0
+    aborted = False
+    verdict_states = None  # no EAGLE head's states
+
+    def __init__(self, awaited: Callable[[], AwaitedVerdict | None], k: int, vocab: int, device: torch.device) -> None:
+        self.awaited = awaited
+        self.k = k
+        self.vocab = vocab
+        self.device = device
+        self.frames: dict[tuple[int, ...], torch.Tensor] = {}  # per batch: its verdict frame on the device
+        self.posted = 0  # verdict receives posted
+        self.taken = 0  # ... of which drafts queued on the device consumed
+        self.received = 0  # verdicts read on the host (the ordinary path)
+        self.sent = 0  # draft payloads sent
+
+    def _frame(self) -> tuple[AwaitedVerdict, torch.Tensor]:
+        awaited = self.awaited()
+        assert awaited is not None, "no verdict is awaited"
+        ids, k = tuple(awaited.seq_ids), self.k
+        if ids not in self.frames:
+            accepted = [i % (k + 1) for i in range(len(ids))]
+            tokens = torch.randint(3, self.vocab, (len(ids) * (k + 1),)).tolist()
+            body = [*expected_verdict_header(awaited.step, list(ids), k), *accepted, *tokens]
+            frame = torch.zeros(FRAME_SLOTS, dtype=torch.int64)
+            frame[: len(body)] = torch.tensor(body, dtype=torch.int64)
+            self.frames[ids] = to_device(frame, self.device)
+        frame = self.frames[ids]
+        frame[0].fill_(awaited.step)  # on the stream, as a receive's write would be
+        return awaited, frame
+
+    def post_verdict_receive(self) -> None:
+        self.posted += 1
+
+    def can_take_verdict(self, batch: int, k: int, hidden: bool = False) -> bool:
+        return not hidden and k == self.k
+
+    def take_posted_verdict(self, batch: int, k: int, hidden: bool = False) -> PostedVerdict | None:
+        awaited, frame = self._frame()
+        if not self.can_take_verdict(batch, k, hidden) or len(awaited.seq_ids) != batch:
+            return None
+        self.taken += 1
+        return posted_verdict(frame, batch, k)
+
+    def recv_verdict(self) -> VerdictPayload:
+        """The awaited verdict read on the host (the draft service's ordinary path)."""
+        awaited, frame = self._frame()
+        posted = posted_verdict(frame, len(awaited.seq_ids), self.k)
+        self.received += 1
+        return VerdictPayload(awaited.step, list(awaited.seq_ids), posted.tokens.cpu(), posted.accepted.cpu())
+
+    def send_drafts(self, payload: DraftPayload) -> None:
+        self.sent += 1
 
     def abort(self) -> None:
         self.aborted = True

@@ -7,7 +7,9 @@ k tokens (its drafts read back, then committed as all accepted); "fused" is SD c
 cycle that verifies the last drafts and drafts again on the verifier's own draft model; "psd" is the verifier
 of PSD m+m: plans verify two batches of m in turn, each plan's draft batch the other, the drafts arriving over a
 link that always has them (loopback_plane.py), so the executor queues each verify before reading the previous
-one back, as it does in PSD.
+one back, as it does in PSD; "psd-draft" is the draft service of PSD m+m (`DraftExecutor.handle_plan`): plans
+draft the two batches in turn, each from the verdict on the other side of the loopback link, so each plan's
+drafts are queued from a verdict on the device before the previous plan's are read back.
 
 Each cell runs rounds of three blocks of steps (clean, instrumented, GPU-alone; the order reversed every
 other round, so each kind sees the same contexts on average):
@@ -27,10 +29,11 @@ from dataclasses import dataclass
 import torch
 
 from minedraft.bench.gpu.blocked_gpu import BlockedGpu
-from minedraft.bench.gpu.loopback_plane import LoopbackDrafts
+from minedraft.bench.gpu.loopback_plane import LoopbackDrafts, LoopbackVerdicts
 from minedraft.bench.gpu.phase_clock import OTHER, Hook, Patches, PhaseClock
 from minedraft.bench.gpu.step_report import ModelBytes, bound_ms, compute_ms, draft_bytes, step_flops
 from minedraft.core.sampling_params import SamplingParams
+from minedraft.draft_service.executor import DraftExecutor
 from minedraft.engine import drafter as drafter_module
 from minedraft.engine import verifier as verifier_module
 from minedraft.engine.block_tables import BlockTables
@@ -57,7 +60,10 @@ class Cell:
 
     @property
     def sequences(self) -> int:
-        return 2 * self.batch if self.mode == "psd" else self.batch
+        return 2 * self.batch if self.mode in TWO_BATCHES else self.batch
+
+
+TWO_BATCHES = ("psd", "psd-draft")  # cells whose plans alternate two batches of `batch`
 
 
 def model_bytes(runner: ModelRunner) -> ModelBytes:
@@ -110,19 +116,26 @@ class CellDriver:
         self.cell, self.verifier, self.drafter = cell, verifier, drafter
         self.ids = list(range(first_id, first_id + cell.sequences))
         half = cell.batch
-        self.batches = [self.ids[:half], self.ids[half:]] if cell.mode == "psd" else [self.ids]
+        self.batches = [self.ids[:half], self.ids[half:]] if cell.mode in TWO_BATCHES else [self.ids]
         self.prompts = prompts
         self.target_bytes = model_bytes(verifier.runner)
         self.draft_bytes = model_bytes(drafter.runner) if drafter is not None else None
         self.step_no = 0
         self.ahead = False  # the next plan is in the inbox (launch-ahead may queue it), except a block's last
         self.executor: VerifierExecutor | None = None
-        if cell.mode != "draft":
+        self.draft_executor: DraftExecutor | None = None
+        if cell.mode == "psd-draft":  # the draft service's loop, its verdicts over a loopback link
+            assert drafter is not None
+            self.draft_executor = DraftExecutor(drafter, launch_ahead=True)
+            self.draft_executor.upcoming = lambda: self.plan(False) if self.ahead else None
+            self.draft_executor.plane = LoopbackVerdicts(  # type: ignore[assignment]
+                lambda: self.draft_executor.awaited if self.draft_executor else None, cell.k, drafter.vocab_size,
+                drafter.runner.device)
+        elif cell.mode != "draft":
             colocated = ColocatedDrafter(drafter) if cell.mode == "fused" and drafter is not None else None
             self.executor = VerifierExecutor(verifier, None, "", 0, colocated=colocated,  # type: ignore[arg-type]
                                              launch_ahead=True)  # as a verifier on one GPU runs (auto)
             self.executor.upcoming = lambda: self.plan(False) if self.ahead else None
-        self.handled: control_pb2.StepPlan | None = None  # the plan the executor is handling
         device = verifier.runner.device
         if cell.mode == "verify":
             vocab = verifier.vocab_size
@@ -133,15 +146,18 @@ class CellDriver:
             assert self.executor is not None
             per_batch = {tuple(b): torch.randint(3, verifier.vocab_size, (len(b), cell.k), device=device)
                          for b in self.batches}
-            self.executor.plane = LoopbackDrafts(per_batch, self._handled, device)  # type: ignore[assignment]
-
-    def _handled(self) -> control_pb2.StepPlan:
-        assert self.handled is not None
-        return self.handled
+            executor = self.executor
+            self.executor.plane = LoopbackDrafts(per_batch, lambda: executor.drafted, device)  # type: ignore[assignment]
 
     def plan(self, first: bool) -> control_pb2.StepPlan:
         mode, step = self.cell.mode, self.step_no
         ids = self.batches[step % len(self.batches)]
+        if mode == "psd-draft":  # drafts one batch while the other is verified (none before the first drafted)
+            plan = control_pb2.StepPlan(step=step, draft_batch=ids, k=self.cell.k, with_drafts=True, send_verdict=True,
+                                        verify_batch=self.batches[(step + 1) % 2] if step else [])
+            if first:
+                plan.add.extend(greedy_spec(s, p) for s, p in zip(self.ids, self.prompts, strict=True))
+            return plan
         drafted = {"fused": ids, "psd": self.batches[(step + 1) % len(self.batches)]}.get(mode, [])
         plan = control_pb2.StepPlan(step=step, verify_batch=ids, k=self.cell.k,
                                     with_drafts=mode in ("verify", "fused", "psd"), draft_here=mode == "fused",
@@ -151,7 +167,10 @@ class CellDriver:
         return plan
 
     def setup(self) -> None:
-        if self.executor is None:
+        if self.draft_executor is not None:
+            self._run_plan(first=True)
+            self._run_plan()  # the other batch's first drafts: every timed plan drafts from a verdict
+        elif self.executor is None:
             assert self.drafter is not None
             for seq_id, prompt in zip(self.ids, self.prompts, strict=True):
                 self.drafter.add(seq_id, prompt, SamplingParams(max_tokens=1 << 20, ignore_eos=True))
@@ -162,16 +181,31 @@ class CellDriver:
                 self._run_plan()
 
     def _run_plan(self, first: bool = False) -> None:
-        assert self.executor is not None
-        plan = self.handled = self.plan(first)
+        executor = self.draft_executor or self.executor
+        assert executor is not None
+        plan = self.plan(first)
         self.step_no += 1
-        self.executor.handle_plan(plan)
+        executor.handle_plan(plan)
+
+    def launched(self) -> tuple[int, int]:
+        """Steps launched ahead so far (the verifier's verifies, or the draft service's plans) and of how many."""
+        if self.draft_executor is not None:
+            return self.draft_executor.ahead_count, self.step_no
+        if self.executor is not None:
+            return self.executor.launched_count, self.executor.verified_count
+        return 0, 0
 
     def step(self, ahead: bool = False) -> int:
         """One step; with `ahead`, the next plan is already there (the last step of a block passes False, so a
         block never ends with a step launched ahead that the next block would finish)."""
         self.ahead = ahead
         k, mode = self.cell.k, self.cell.mode
+        if mode == "psd-draft":
+            assert self.drafter is not None and self.draft_bytes is not None
+            drafted = self.batches[self.step_no % 2]
+            total = draft_bytes(self.draft_bytes, [self.drafter.seqs[s].length for s in drafted], k)
+            self._run_plan()
+            return total
         if mode == "draft":
             assert self.drafter is not None and self.draft_bytes is not None
             lengths = [self.drafter.seqs[s].length for s in self.ids]
@@ -190,7 +224,9 @@ class CellDriver:
         return total
 
     def teardown(self) -> None:
-        if self.executor is not None:
+        if self.draft_executor is not None:
+            self.draft_executor.reset()
+        elif self.executor is not None:
             self.executor.reset()
         elif self.drafter is not None:
             for seq_id in self.ids:
@@ -241,8 +277,7 @@ def measure_cell(driver: CellDriver, copy_GBps: float, rounds: int = 4, steps: i
                         nbytes.append(driver.step())
                         gpu.close()
                 gpu_ms.append(gpu.take_ms() / steps)
-    executor = driver.executor
-    launched = (executor.launched_count, executor.verified_count) if executor is not None else (0, 0)
+    launched = driver.launched()
     driver.teardown()
     cell = driver.cell
     mean_bytes = sum(nbytes) / len(nbytes)

@@ -24,7 +24,7 @@ import torch
 from minedraft.bench.flags import add_step_table_flags
 from minedraft.bench.fp8_quantizer import quantize_model
 from minedraft.bench.gpu.step_cells import Cell, CellDriver, measure_cell
-from minedraft.bench.gpu.step_report import MODES, SAMPLINGS, report_lines
+from minedraft.bench.gpu.step_report import DRAFTING, MODES, SAMPLINGS, report_lines
 from minedraft.bench.gpu.timing import ceilings, log
 from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic
 from minedraft.engine.blas_plan import MODES as BLAS_MODES
@@ -71,12 +71,12 @@ class StepConfig:
     def cells(self) -> list[Cell]:
         """AR first, then per k the verify, PSD's verify, the fused cycle and the draft (a deadline cuts the last);
         each once per sampling, next to each other (the draft's rows are never processed: greedy only)."""
-        order = [m for m in ("ar", "verify", "psd", "fused", "draft") if m in self.modes]
+        order = [m for m in ("ar", "verify", "psd", "fused", "draft", "psd-draft") if m in self.modes]
         out = [Cell("ar", b, 0) for b in self.batches] if "ar" in order else []
         for k in self.ks:
             out += [Cell(mode, b, k) for mode in order if mode != "ar" for b in self.batches]
         return [Cell(c.mode, c.batch, c.k, s) for c in out for s in self.samplings
-                if s == "greedy" or c.mode != "draft"]
+                if s == "greedy" or c.mode not in DRAFTING]
 
 
 def load(cfg: StepConfig, role: str, weights: str) -> torch.nn.Module:
@@ -124,7 +124,7 @@ def profile(cfg: StepConfig, saved: Callable[[dict], None] | None = None) -> dic
     results: dict = {"copy_GBps": copy, "matmul_TFLOPs": rate, "context": cfg.context, "shape": cfg.shape,
                      "rows": [], "errors": []}
     cells = cfg.cells()
-    needs_draft = any(c.mode in ("draft", "fused") for c in cells)
+    needs_draft = any(c.mode in (*DRAFTING, "fused") for c in cells)
     for weights in cfg.weights:
         verifier, drafter = engine_pair(cfg, weights, needs_draft)
         batch_prompts = prompts(cfg, verifier.vocab_size)

@@ -12,21 +12,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-MODES = ("ar", "verify", "psd", "draft", "fused")
+MODES = ("ar", "verify", "psd", "draft", "psd-draft", "fused")
 MODE_LABELS = {"ar": "AR", "verify": "SD verify", "psd": "PSD verify (launched ahead)", "draft": "draft (k steps)",
-               "fused": "SD colocated fused"}
+               "psd-draft": "PSD draft (launched ahead)", "fused": "SD colocated fused"}
+DRAFTING = ("draft", "psd-draft")  # cells that run only the draft model
 SAMPLINGS = ("greedy", "penalties")  # the rows' processing (step_cells.greedy_spec); greedy is the plain step
+PHASES = ("plan decode", "block tables", "sampling tensors", "input copies", "graph replay", "eager launches",
+          "readback queue", "readback wait", "commit", "other")
+WAIT = "readback wait"
+BOUND_GOAL = 0.90  # the goal: the whole step at >= 90% of the bound
+HOST_GOAL = 1.03  # ... and within 3% of its GPU time
 
 
 def label(row: dict) -> str:
     """The step's name in the tables: its mode, and the rows' processing where there is any."""
     name = MODE_LABELS[row["mode"]]
     return name if row.get("sampling", "greedy") == "greedy" else f"{name}, {row['sampling']}"
-PHASES = ("plan decode", "block tables", "sampling tensors", "input copies", "graph replay", "eager launches",
-          "readback queue", "readback wait", "commit", "other")
-WAIT = "readback wait"
-BOUND_GOAL = 0.90  # issue 28: the whole step at >= 90% of the bound
-HOST_GOAL = 1.03  # ... and within 3% of its GPU time
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +60,8 @@ def bound_ms(total_bytes: float, copy_GBps: float) -> float:
 def step_flops(mode: str, batch: int, k: int, target: ModelBytes, draft: ModelBytes | None) -> int:
     """The matmul FLOPs a step cannot avoid: the target scores batch x (k + 1) tokens (1 for AR); a proposal
     is k draft forwards of at least one token per row (attention's FLOPs left out: a floor)."""
-    flops = 2 * target.matmul_params * batch * (1 if mode == "ar" else k + 1) if mode != "draft" else 0
-    if mode in ("draft", "fused") and draft is not None:
+    flops = 2 * target.matmul_params * batch * (1 if mode == "ar" else k + 1) if mode not in DRAFTING else 0
+    if mode in (*DRAFTING, "fused") and draft is not None:
         flops += 2 * draft.matmul_params * batch * k
     return flops
 
