@@ -8,7 +8,6 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from minedraft.core.codec import logprobs_to_wire
 from minedraft.engine.drafter import Proposal
 from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.readback import Readback, device_mark
@@ -18,7 +17,8 @@ from minedraft.verifier.ar_ahead import held, launch_ar
 from minedraft.verifier.colocated import ColocatedDrafter, verified_lengths
 from minedraft.verifier.draft_rows import align_drafts
 from minedraft.verifier.launch_ahead import LaunchedStep, await_next, launchable_ids
-from minedraft.verifier.posted_drafts import DraftedBatch, PostedProposal, take_posted
+from minedraft.verifier.posted_drafts import DraftedBatch, PostedProposal, mismatch, take_posted
+from minedraft.verifier.verdict_event import add_verdicts
 from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_header
 from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError
 from minedraft.worker.info import worker_info
@@ -125,9 +125,7 @@ class VerifierExecutor(PlaneOwner):
             posted = self._take_posted(plan)
             payload = self._receive_drafts(timing, here) if posted is None else None
         except DataPlaneError as exc:
-            log.warning("draft service lost at step %d: %s", plan.step, exc)
-            self._drop_plane()
-            event.data_plane_lost = True
+            self._plane_lost(event, f"draft service lost at step {plan.step}: {exc}")
         self._expect_drafts(plan, not here)
         with timed(timing, "control_ms"):
             apply_membership(self.worker, plan)
@@ -138,10 +136,7 @@ class VerifierExecutor(PlaneOwner):
         if ids:
             # Drafts that arrive for an AR plan (drafting was just switched off) are dropped.
             proposal = align_drafts(payload, ids) if payload is not None and plan.with_drafts else None
-            if posted is not None:
-                if ids != posted.ids:
-                    raise RuntimeError(f"step {plan.step} verifies {ids[:8]}, not its drafted batch {posted.ids[:8]}")
-                proposal = posted.proposal
+            proposal = posted.proposal_for(ids) if posted is not None else proposal
             if self.followers is not None:
                 self.followers.send(KIND_PLAN, plan, proposal, drop=dropped)
             started = device_mark(self.device) if self.colocated is None else None
@@ -152,7 +147,7 @@ class VerifierExecutor(PlaneOwner):
             self._hand_on(plan, VerdictPayload(plan.step, ids, verdict.tokens, verdict.accepted, hidden), timing, event)
             readback = self.worker.read_back(verdict, started)
             if posted is not None and posted.broken(self.plane):
-                self._lose_plane(plan.step, posted.header.tolist(), posted.expected_header, event)
+                self._plane_lost(event, posted.mismatch(plan.step), logging.ERROR)
             if here and self.launch_ahead:  # the next drafts go right behind the verify (colocated_ahead.py)
                 self.colocated.draft_ahead(plan, ids, proposal, verdict)  # type: ignore[union-attr]
             self._launch_next(plan, ids, event, readback, None if plan.with_drafts else verdict.tokens)
@@ -178,21 +173,10 @@ class VerifierExecutor(PlaneOwner):
         with timed(timing, "compute_ms"), StallWatch.around(self.stall, "rank 0's verify"):
             rows, accepted_list = self.worker.commit(ids, readback, held(self.launched))
         timing.device_ms += readback.device_ms()
-        counts = [n + 1 for n in accepted_list]
-        event.verdicts.seq_ids.extend(ids)
-        event.verdicts.counts.extend(counts)
-        event.verdicts.accepted.extend(accepted_list)
-        event.verdicts.drafted.extend(lengths or ())  # adaptive k counts acceptance over the drafts rows verified
+        add_verdicts(event, self.worker, ids, rows, accepted_list, lengths)
         if self.colocated is not None:
             with timed(timing, "control_ms"):
                 self.colocated.commit(ids, rows, accepted_list, hidden)
-        event.verdicts.tokens.extend(t for row, c in zip(rows, counts, strict=True) for t in row[:c])
-        for seq_id, entries in self.worker.last_logprobs.items():
-            event.verdicts.logprobs.append(logprobs_to_wire(seq_id, entries, self.worker.seqs[seq_id].params.logprobs
-                                                            or 0))
-        for seq_id, entries in self.worker.last_prompt_logprobs.items():
-            event.verdicts.prompt_logprobs.append(
-                logprobs_to_wire(seq_id, entries, self.worker.seqs[seq_id].params.prompt_logprobs or 0))
 
     def _launch_next(self, plan: control_pb2.StepPlan, ids: list[int], event: control_pb2.WorkerEvent,
                      readback: Readback, ar: torch.Tensor | None = None) -> None:
@@ -228,9 +212,7 @@ class VerifierExecutor(PlaneOwner):
                     self.followers.send(KIND_PLAN, nxt, Proposal(drafts, None), ahead=True)
                 verdict = self.worker.judge(next_ids, Proposal(drafts, None))
         except DataPlaneError as exc:
-            log.warning("draft service lost at step %d: %s", plan.step, exc)
-            self._drop_plane()
-            event.data_plane_lost = True
+            self._plane_lost(event, f"draft service lost at step {plan.step}: {exc}")
             return
         timing.batch = len(next_ids)
         self._expect_drafts(nxt)
@@ -248,7 +230,7 @@ class VerifierExecutor(PlaneOwner):
         plan, event = launched.plan, launched.event
         header = launched.header.tolist() if launched.header is not None else None  # None: an AR step
         if header is not None and (header != launched.expected_header or getattr(self.plane, "aborted", False)):
-            self._lose_plane(plan.step, header, launched.expected_header, event)
+            self._plane_lost(event, mismatch(plan.step, header, launched.expected_header), logging.ERROR)
         self._launch_next(plan, launched.ids, event, launched.readback, launched.tokens)
         self._commit(launched.ids, launched.readback, event)
         self.last_step = plan.step
@@ -270,9 +252,9 @@ class VerifierExecutor(PlaneOwner):
         self.posted_count += posted is not None
         return posted
 
-    def _lose_plane(self, step: int, header: list[int], expected: list[int], event: control_pb2.WorkerEvent) -> None:
-        log.error("step %d verified drafts whose header %s is not the expected %s; re-syncing the draft service",
-                  step, header[:8], expected[:8])
+    def _plane_lost(self, event: control_pb2.WorkerEvent, why: str, level: int = logging.WARNING) -> None:
+        """Drop the data plane and tell the manager, which forms a new one with the draft service."""
+        log.log(level, "%s", why)
         self._drop_plane()
         event.data_plane_lost = True
 
@@ -292,9 +274,7 @@ class VerifierExecutor(PlaneOwner):
             try:
                 self.plane.post_drafts_receive()
             except DataPlaneError as exc:
-                log.warning("draft service lost at step %d: %s", plan.step, exc)
-                self._drop_plane()
-                event.data_plane_lost = True
+                self._plane_lost(event, f"draft service lost at step {plan.step}: {exc}")
                 self.drafts_pending = False
 
     def _send_verdict(self, payload: VerdictPayload, timing: control_pb2.StepTiming,
@@ -303,9 +283,7 @@ class VerifierExecutor(PlaneOwner):
             with timed(timing, "send_ms"):
                 self.plane.send_verdict(payload)
         except DataPlaneError as exc:
-            log.warning("draft service lost while sending step %d: %s", payload.step, exc)
-            self._drop_plane()
-            event.data_plane_lost = True
+            self._plane_lost(event, f"draft service lost while sending step {payload.step}: {exc}")
 
     def graph_capture_ms(self) -> float:
         colocated = self.colocated.drafter.runner.graph_capture_ms if self.colocated is not None else 0.0

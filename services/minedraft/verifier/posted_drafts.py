@@ -54,6 +54,15 @@ class PostedProposal:
     header: Readback
     expected_header: list[int]
 
+    def proposal_for(self, ids: list[int]) -> Proposal:
+        """The drafts, for the verify batch the plan's membership left (the rules make it the drafted one)."""
+        if ids != self.ids:
+            raise RuntimeError(f"a verify of {ids[:8]} took the drafts of {self.ids[:8]}")
+        return self.proposal
+
+    def mismatch(self, step: int) -> str:
+        return mismatch(step, self.header.tolist(), self.expected_header)
+
     def broken(self, plane: DataPlane | None) -> bool:
         """Whether the frame was not the expected one (or the data plane was aborted while it was in flight)."""
         return self.header.tolist() != self.expected_header or bool(getattr(plane, "aborted", False))
@@ -84,3 +93,9 @@ def take_posted(worker: Verifier, plane: DataPlane, drafted: DraftedBatch, plan:
     # A frame cut short by an abort holds garbage: keep every id valid (the step is reported lost at commit).
     drafts = posted.tokens.clamp(0, worker.vocab_size - 1)
     return PostedProposal(ids, Proposal(drafts, None), header, expected_header(drafted.step, ids, drafted.k))
+
+
+def mismatch(step: int, header: list[int], expected: list[int]) -> str:
+    """What to log when a verify used drafts of a frame that was not the expected one."""
+    return (f"step {step} verified drafts whose header {header[:8]} is not the expected {expected[:8]}; "
+            "re-syncing the draft service")
