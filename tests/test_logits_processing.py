@@ -116,3 +116,19 @@ def test_a_pending_token_is_the_last_of_the_history_as_if_committed() -> None:
     assert torch.equal(got, LogitsProcessing(vocab, torch.device("cpu")).apply(logits, [after], none))
     assert torch.isfinite(got[0, 0, 2])
     assert not torch.equal(got, LogitsProcessing(vocab, torch.device("cpu")).apply(logits, [before], none))
+
+
+def test_each_sequence_counts_only_its_own_tokens_in_its_own_row() -> None:
+    """The tables are updated through flat row x vocabulary indices: the second row's tokens land in its row."""
+    p = SamplingParams(frequency_penalty=1.0, repetition_penalty=2.0)
+    a = SeqState(1, [7, 2, 2], p, cached=2, prompt_len=1)
+    b = SeqState(2, [9, 3, 2, 3, 3], p, cached=4, prompt_len=2)
+    processing = LogitsProcessing(VOCAB, torch.device("cpu"))
+    out = processing.apply(torch.ones(2, 1, VOCAB), [a, b], torch.zeros((2, 0), dtype=torch.long))
+    histories = processing.histories
+    counts = histories.counts[[histories.slot[1], histories.slot[2]]]
+    assert counts[0].nonzero().flatten().tolist() == [2] and counts[0, 2] == 2
+    assert counts[1].nonzero().flatten().tolist() == [2, 3] and counts[1].tolist()[2:4] == [1.0, 2.0]
+    # a: 7 (prompt) seen, 2 counted twice; b: 9 and 3 (prompt) seen, 2 counted once, 3 twice
+    assert out[0, 0, [7, 2, 3]].tolist() == [0.5, 0.5 - 2, 1.0]
+    assert out[1, 0, [9, 2, 3, 7]].tolist() == [0.5, 0.5 - 1, 0.5 - 2, 1.0]

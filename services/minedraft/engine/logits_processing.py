@@ -59,8 +59,14 @@ class TokenHistories:
         return row
 
     def rows(self, states: list[SeqState]) -> torch.Tensor:
-        """The rows of `states`, counted up to their committed tokens."""
-        rows, seen_at, seen_ids, count_at, count_ids = [], [], [], [], []
+        """The rows of `states`, counted up to their committed tokens.
+
+        The tables are updated through flat indices (row x vocabulary + token): `index_put_` with
+        accumulation checks its indices' range on the host, which waits for the GPU, and a step launched
+        ahead must not wait (verifier/ar_ahead.py, launch_ahead.py); `scatter_add_` and `index_fill_` check
+        theirs on the device. The counts are whole numbers, so the atomic adds' order does not change them."""
+        rows, seen, counted = [], [], []
+        vocab = self.vocab_size
         for st in states:
             row = self.slot.get(st.seq_id)
             if row is None:
@@ -68,20 +74,14 @@ class TokenHistories:
             rows.append(row)
             done = self.upto[st.seq_id]
             if done < st.length:
-                new = st.tokens[done:]
-                seen_at += [row] * len(new)
-                seen_ids += new
-                output = st.tokens[max(done, st.prompt_len):]
-                count_at += [row] * len(output)
-                count_ids += output
+                seen += [row * vocab + t for t in st.tokens[done:]]
+                counted += [row * vocab + t for t in st.tokens[max(done, st.prompt_len):]]
                 self.upto[st.seq_id] = st.length
-        if seen_ids:
-            at = to_device(torch.tensor(seen_at, dtype=torch.long), self.device)
-            self.seen[at, to_device(torch.tensor(seen_ids, dtype=torch.long), self.device)] = True
-        if count_ids:
-            index = (to_device(torch.tensor(count_at, dtype=torch.long), self.device),
-                     to_device(torch.tensor(count_ids, dtype=torch.long), self.device))
-            self.counts.index_put_(index, torch.ones(len(count_ids), device=self.device), accumulate=True)
+        if seen:
+            self.seen.view(-1).index_fill_(0, to_device(torch.tensor(seen, dtype=torch.long), self.device), True)
+        if counted:
+            at = to_device(torch.tensor(counted, dtype=torch.long), self.device)
+            self.counts.view(-1).scatter_add_(0, at, torch.ones(len(counted), device=self.device))
         return to_device(torch.tensor(rows, dtype=torch.long), self.device)
 
 
