@@ -142,8 +142,12 @@ def test_the_sweep_compiles_each_kernel_once_and_stays_small() -> None:
         keys = set(space.kernel_keys(scheme, chunks, tile))
         assert not keys <= seen
         seen |= keys
-    assert len({key for key in seen if key[0] != "sum"}) <= 330  # about 30 s in the tuner's 14 workers
-    assert all(not tile.prequant for scheme, *_, tile in jobs if scheme == "channel")
+    assert len({key for key in seen if key[0] != "sum"}) <= 380  # about 35 s in the tuner's 14 workers
+    direct = [tile for *_, tile in jobs if tile.direct]
+    assert direct and all(tile.prequant and (tile.split == 1 or tile.fused) for tile in direct)
+    later = sweep_jobs(["block", "channel"], SMS, min_m=32)  # --min-m 32: nothing for the decode buckets
+    assert later and all(m >= 32 for _, _, _, m, _, _ in later)
+    assert all(not tile.prequant or tile.direct for scheme, *_, tile in jobs if scheme == "channel")
     assert all(tile.split > 1 for *_, tile in jobs if tile.fused)
 
 
@@ -170,3 +174,21 @@ def test_untimed_buckets_keep_the_base_tile_only_with_the_same_chunks() -> None:
     assert kept_tile(base, "block", 6144, 4096, 300, 8, SMS) == Tile(128, 128, 8, 3)
     assert kept_tile(base, "block", 6144, 4096, 16, 4, SMS) == tiles.default_tile("block", 6144, 16, 4, SMS)
     assert kept_tile(base, "channel", 6144, 4096, 1, 8, SMS) == tiles.default_tile("channel", 6144, 1, 8, SMS)
+
+
+def test_direct_tiles_are_read_and_held_to_what_that_kernel_takes(tmp_path: Path) -> None:
+    """A direct bucket (tokens on the MMA's M side) loads as such; one the direct kernel cannot run (fewer
+    than 64 tokens, a dependent launch, activations not quantized first) rejects the shape."""
+    direct = {"max_m": 64, "block_n": 128, "block_t": 64, "warps": 4, "stages": 4, "split": 4, "prequant": True,
+              "fused": True, "direct": True}
+    good = entry(4)
+    good["buckets"].insert(1, direct)
+    table = tiles.load_table(write(tmp_path, {"block:6144x4096": good}))
+    assert not table.rejected
+    assert tiles.choose(table, "block", 6144, 4096, 40, SMS)[1] == Tile(128, 64, 4, 4, 4, True, True, direct=True)
+    assert not tiles.choose(table, "block", 6144, 4096, 65, SMS)[1].direct
+    for bad in ({"block_t": 32}, {"pdl": True}, {"prequant": False}):
+        shape = entry(4)
+        shape["buckets"].insert(1, {**direct, **bad})
+        table = tiles.load_table(write(tmp_path, {"block:6144x4096": shape}))
+        assert not table.shapes and "direct tile" in table.rejected[0]

@@ -75,7 +75,7 @@ def test_a_rows_result_does_not_depend_on_the_batch(scheme: str, kernel_device: 
 # (N, K, chunks) and the tiles compared with one pointer-load program per tile (split 1): every way of
 # cutting the work (split programs, their sums added by the last one or by a second kernel, one chunk
 # per program, tensor-memory loads, activations quantized first, dependent launches (plain under the
-# interpreter), wide and narrow tiles) at several M
+# interpreter), wide and narrow tiles, the direct form) at several M
 VARIANT_SHAPE = (192, 512, 4) if QUICK else (4096, 14336, 8)
 VARIANT_MS = [1, 3, 17] if QUICK else [1, 5, 16, 64, 300]
 
@@ -85,7 +85,13 @@ def variant_tiles(chunks: int) -> list:
 
     return [Tile(128, 16, 4, 4, chunks, fused=True, tma=True), Tile(256, 16, 4, 4, chunks // 2, fused=True, tma=True),
             Tile(128, 16, 4, 3, chunks), Tile(64, 16, 4, 6, 2, fused=True, tma=True, pdl=True),
-            Tile(128, 16, 4, 4, 1, prequant=True, tma=True, pdl=True), Tile(64, 32, 4, 3, chunks // 2, fused=True)]
+            Tile(128, 16, 4, 4, 1, prequant=True, tma=True, pdl=True), Tile(64, 32, 4, 3, chunks // 2, fused=True),
+            # the direct form (tokens on the MMA's M side): one program per tile (pointer and tensor-memory
+            # loads), split with fused sums, split with the second kernel's sums
+            Tile(128, 64, 4, 4, 1, prequant=True, direct=True), Tile(64, 128, 8, 3, 1, prequant=True, direct=True),
+            Tile(128, 128, 8, 3, 1, prequant=True, tma=True, direct=True),
+            Tile(128, 64, 4, 3, chunks, prequant=True, fused=True, direct=True),
+            Tile(64, 128, 8, 4, chunks // 2, prequant=True, direct=True)]
 
 
 @pytest.mark.parametrize("scheme", ["block", "channel"])

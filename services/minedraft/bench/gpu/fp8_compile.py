@@ -19,11 +19,11 @@ from minedraft.engine.cuda.fp8_tiles import Tile
 Job = tuple[str, int, int, int, int, Tile]  # scheme, n, k, m, chunks, tile
 
 
-def sweep_jobs(schemes: list[str], sms: int) -> list[Job]:
-    """One launch per distinct kernel the sweep will time, prefill-sized tiles last."""
+def sweep_jobs(schemes: list[str], sms: int, min_m: int = 1) -> list[Job]:
+    """One launch per distinct kernel the sweep will time (buckets from min_m), prefill-sized tiles last."""
     seen: set[tuple] = set()
     jobs: list[Job] = []
-    for m in space.M_BUCKETS:
+    for m in (b for b in space.M_BUCKETS if b >= min_m):
         for scheme in schemes:
             for n, k in space.shapes_8b().values():
                 for chunks in space.chunk_choices(n, k, sms):
@@ -54,10 +54,10 @@ def _compile_one(job: Job) -> bool:
         return False
 
 
-def precompile(schemes: list[str], sms: int, workers: int, deadline: float) -> int:
+def precompile(schemes: list[str], sms: int, workers: int, deadline: float, min_m: int = 1) -> int:
     """Compile the sweep's kernels in `workers` processes until done or `deadline` (time.monotonic());
     returns how many compiled."""
-    jobs = sweep_jobs(schemes, sms)
+    jobs = sweep_jobs(schemes, sms, min_m)
     workers = min(workers, len(jobs), max(1, (os.cpu_count() or 2) - 2))
     if workers <= 0 or not jobs:
         return 0

@@ -33,6 +33,13 @@ RETIME = 8  # M = 8 and 16 time only the fastest RETIME (tile, split) of M = 1 (
 MID = {32: ((64, 4, 3), (64, 4, 4), (128, 4, 3)), 64: ((64, 4, 3), (64, 4, 4), (128, 8, 3))}
 LARGE = ((128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3), (64, 64, 4, 4))  # (block_n, block_t, warps, stages)
 PREFILL = ((128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 8, 4))
+# The direct form (tokens on the MMA's M side, `engine/cuda/fp8_direct.py`) above DECODE_M, as
+# (block_t, block_n, warps, stages, tma): one m64 warpgroup per 64 tokens, at most 128 weight rows per
+# warpgroup (three float32 accumulators of m64n128 are 192 registers a thread)
+DIRECT = {64: ((64, 64, 4, 4, False), (64, 128, 4, 3, False), (64, 128, 4, 4, True), (64, 256, 8, 3, True)),
+          448: ((64, 128, 4, 4, False), (64, 128, 4, 4, True), (128, 128, 8, 3, True), (128, 128, 8, 4, False),
+                (64, 256, 8, 3, True)),
+          2048: ((128, 128, 8, 3, True), (128, 128, 8, 4, True), (128, 128, 8, 4, False), (64, 256, 8, 4, True))}
 
 
 def shapes_8b() -> dict[str, tuple[int, int]]:
@@ -50,12 +57,14 @@ def tiles_for(scheme: str, m: int) -> list[Tile]:
     if m <= DECODE_M:  # each with and without programmatic dependent launch
         return [Tile(bn, 16, w, s, 1, p, False, t, pdl) for bn, w, s, t, p in SMALL if scheme == "block" or not p
                 for pdl in (False, True)]
+    sizes = DIRECT[min((b for b in DIRECT if m <= b), default=max(DIRECT))]
+    direct = [Tile(bn, bt, w, s, 1, True, tma=t, direct=True) for bt, bn, w, s, t in sizes]
     if m <= 64:
         bt = 32 if m <= 32 else 64
-        return [Tile(bn, bt, w, s) for bn, w, s in MID[bt]]
+        return [Tile(bn, bt, w, s) for bn, w, s in MID[bt]] + direct
     space = LARGE if m <= 448 else PREFILL
     prequant = (False, True) if scheme == "block" else (False,)  # channel activations are always quantized first
-    return [Tile(bn, bt, w, s, 1, p) for p in prequant for bn, bt, w, s in space]
+    return [Tile(bn, bt, w, s, 1, p) for p in prequant for bn, bt, w, s in space] + direct
 
 
 def chunk_choices(n: int, k: int, multiprocessors: int, most: int = 3) -> list[int]:
@@ -77,7 +86,7 @@ def split_tiles(chunks: int, tile: Tile, n: int, m: int, multiprocessors: int) -
     decode sizes, every divisor of the chunks that keeps the programs within eight per multiprocessor,
     their sums added by the tile's last program (plus, as the reference, every chunk in its own
     program with a second kernel adding them). Above, while the tiles leave multiprocessors idle,
-    every chunk in its own program and half of that, both ways of adding."""
+    every chunk in its own program and half of that, both ways of adding (direct tiles: the fused one)."""
     tiles = -(-n // tile.block_n) * -(-m // tile.block_t)
     out = [with_split(tile, 1)]
     if chunks == 1:
@@ -87,9 +96,10 @@ def split_tiles(chunks: int, tile: Tile, n: int, m: int, multiprocessors: int) -
                 if chunks % d == 0 and tiles * d <= 8 * multiprocessors]
         if not tile.tma and not tile.prequant:
             out.append(with_split(tile, chunks))
-    elif tiles < 2 * multiprocessors:
+    elif tiles < 2 * multiprocessors:  # direct tiles: only the fused sums (the second kernel is no faster)
         for d in (chunks, chunks // 2) if chunks % 2 == 0 and chunks > 2 else (chunks,):
-            out += [with_split(tile, d), with_split(tile, d, fused=True)]
+            out += [with_split(tile, d, fused=True)] if tile.direct else [with_split(tile, d),
+                                                                           with_split(tile, d, fused=True)]
     return out
 
 
@@ -102,7 +112,7 @@ def kernel_keys(scheme: str, chunks: int, tile: Tile) -> tuple[tuple, ...]:
     chunk count."""
     split = tile.split > 1
     gemm = (scheme, tile.block_n, tile.block_t, tile.warps, tile.stages, split, tile.prequant and scheme == "block",
-            tile.fused, tile.split == chunks, tile.tma, tile.pdl)
+            tile.fused, tile.split == chunks, tile.tma, tile.pdl, tile.direct)
     return (gemm, ("sum", chunks)) if split and not tile.fused else (gemm,)
 
 

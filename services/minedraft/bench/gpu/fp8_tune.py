@@ -114,9 +114,11 @@ def kept_tile(base: TileTable, scheme: str, n: int, k: int, m: int, chunks: int,
 
 
 def tune_shape(scheme: str, gemm: str, n: int, k: int, sms: int, deadline: float, base: TileTable,
-               cells: list[Cell]) -> tuple[ShapeTiles, list[dict]]:
+               cells: list[Cell], min_m: int = 1) -> tuple[ShapeTiles, list[dict]]:
     """The shape's chunk count and per-bucket tiles, and one summary row per bucket. M = 1 times the
-    whole decode space for each chunk count; M up to DECODE_M only the fastest of those."""
+    whole decode space for each chunk count; M up to DECODE_M only the fastest of those. With min_m > 1
+    and the shape in the base table, its chunk count and the tiles of buckets below min_m are kept (each
+    kept tile timed once, for the table)."""
     weights, dense = rotated_weights(n, k, scheme)
     x_all = torch.randn(max(space.M_BUCKETS), k, device=DEVICE, dtype=torch.bfloat16)
 
@@ -126,24 +128,38 @@ def tune_shape(scheme: str, gemm: str, n: int, k: int, sms: int, deadline: float
         cells.extend(tried)
         return tried
 
-    first = sweep(1, [(c, st) for c in space.chunk_choices(n, k, sms)
-                      for t in space.tiles_for(scheme, 1) for st in space.split_tiles(c, t, n, 1, sms)])
-    top = space.best(first)
-    chunks = top.chunks if top is not None else space.chunk_choices(n, k, sms)[0]
-    decode = space.fastest([c for c in first if c.chunks == chunks], space.RETIME)
+    kept = base.shape(scheme, n, k) if min_m > 1 else None
+    if kept is not None:
+        chunks, decode, top = kept.chunks, [], None
+    else:
+        min_m = 1
+        first = sweep(1, [(c, st) for c in space.chunk_choices(n, k, sms)
+                          for t in space.tiles_for(scheme, 1) for st in space.split_tiles(c, t, n, 1, sms)])
+        top = space.best(first)
+        chunks = top.chunks if top is not None else space.chunk_choices(n, k, sms)[0]
+        decode = space.fastest([c for c in first if c.chunks == chunks], space.RETIME)
     buckets, rows = [], []
     for m in space.M_BUCKETS:
-        if m > 1:
+        tried: list[Cell] = []
+        if m < min_m:
+            tried = sweep(m, [(chunks, kept_tile(base, scheme, n, k, m, chunks, sms))])
+            top = None
+        elif m > 1:
             tiles = ([(chunks, c.tile) for c in decode] if m <= space.DECODE_M else
                      [(chunks, st) for t in space.tiles_for(scheme, m)
                       for st in space.split_tiles(chunks, t, n, m, sms)])
-            top = space.best(sweep(m, tiles))
+            tried = sweep(m, tiles)
+            top = space.best(tried)
         tile = top.tile if top is not None else kept_tile(base, scheme, n, k, m, chunks, sms)
         buckets.append(Bucket(m, tile))
         bf16_us = graph_us([lambda d=d, x=x_all[:m]: F.linear(x, d) for d in dense])
+        by_form = {form: space.best([c for c in tried if c.tile.direct == (form == "direct")])
+                   for form in ("transposed", "direct")}
+        timed = top if top is not None else space.best(tried)
         rows.append({"scheme": scheme, "gemm": gemm, "n": n, "k": k, "m": m, "chunks": chunks, "tile": tile,
-                     "tuned": top is not None, "fp8_us": top.us if top is not None else None, "bf16_us": bf16_us,
-                     "bytes": fp8_bytes(n, k, m, scheme)})
+                     "tuned": top is not None, "kept": m < min_m, "fp8_us": timed.us if timed is not None else None,
+                     "bf16_us": bf16_us, "bytes": fp8_bytes(n, k, m, scheme),
+                     **{f"{form}_us": c.us if c is not None else None for form, c in by_form.items()}})
     weights.clear()
     dense.clear()
     torch.cuda.empty_cache()
@@ -170,17 +186,24 @@ def rows_m_independent(table: TileTable, scheme: str, n: int, k: int, sms: int) 
 
 
 def markdown(rows: list[dict], copy_bps: float, checks: dict[str, object]) -> str:
-    lines = ["| scheme | gemm | M | chunks | tile (n x t, warps, stages, split, prequant, fused, tma) | fp8 us | "
-             "bound us | fp8/bound | bf16 us | fp8/bf16 |", "|" + " --- |" * 10]
+    lines = ["| scheme | gemm | M | chunks | tile (n x t, warps, stages, split, prequant, fused, tma, direct) | "
+             "fp8 us | transposed / direct us | bound us | fp8/bound | bf16 us | fp8/bf16 |", "|" + " --- |" * 11]
+
+    def us(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
     for r in rows:
         t: Tile = r["tile"]
         bound = r["bytes"] / copy_bps * 1e6
         fp8 = r["fp8_us"]
-        kept = "" if r["tuned"] else " (kept: out of time)"
-        lines.append(f"| {r['scheme']} | {r['gemm']} | {r['m']} | {r['chunks']} | {t.block_n}x{t.block_t}, {t.warps}, "
-                     f"{t.stages}, {t.split}, {t.prequant}, {t.fused}, {t.tma}{kept} | "
-                     + (f"{fp8:.1f} | {bound:.1f} | {fp8 / bound:.2f} | {r['bf16_us']:.1f} | {fp8 / r['bf16_us']:.2f} |"
-                        if fp8 is not None else f"- | {bound:.1f} | - | {r['bf16_us']:.1f} | - |"))
+        kept = "" if r["tuned"] else " (kept)" if r.get("kept") else " (kept: out of time)"
+        forms = f"{us(r.get('transposed_us'))} / {us(r.get('direct_us'))}"
+        shape = ", ".join(str(v) for v in (f"{t.block_n}x{t.block_t}", t.warps, t.stages, t.split, t.prequant,
+                                           t.fused, t.tma, t.direct))
+        lines.append(f"| {r['scheme']} | {r['gemm']} | {r['m']} | {r['chunks']} | {shape}{kept} | {us(fp8)} | "
+                     f"{forms} | "
+                     + (f"{bound:.1f} | {fp8 / bound:.2f} | {r['bf16_us']:.1f} | {fp8 / r['bf16_us']:.2f} |"
+                        if fp8 is not None else f"{bound:.1f} | - | {r['bf16_us']:.1f} | - |"))
     lines += ["", "Rows bit-identical across M (chosen table): "
               + ", ".join(f"{key}: {v}" for key, v in checks.items())]
     return "\n".join(lines) + "\n"
@@ -192,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline", type=float, default=90.0, help="seconds from start for the whole run")
     p.add_argument("--schemes", default="block,channel")
     p.add_argument("--workers", type=int, default=12, help="processes compiling kernels ahead (0: none)")
+    p.add_argument("--min-m", type=int, default=1,
+                   help="time only the buckets from this M up; smaller ones keep the base table's chunks and tiles")
     p.add_argument("--base", type=Path, default=COMMITTED,
                    help="table whose entries serve the shapes and buckets not timed here (default: the committed one)")
     args = p.parse_args(argv)
@@ -203,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     schemes = args.schemes.split(",")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    compiled = precompile(schemes, sms, args.workers, t0 + args.deadline * 0.4)
+    compiled = precompile(schemes, sms, args.workers, t0 + args.deadline * 0.4, args.min_m)
     log(f"precompiled {compiled} kernels in {time.monotonic() - t0:.0f} s")
     ceiling = ceilings()
     copy_bps = ceiling["copy_GBps"] * 1e9
@@ -218,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"out of time: {scheme} {gemm} keeps {base.source if base.shape(scheme, n, k) else 'the default'}")
                 continue
             shapes[shape_key(scheme, n, k)], shape_rows = tune_shape(scheme, gemm, n, k, sms, tune_deadline, base,
-                                                                     cells)
+                                                                     cells, args.min_m)
             rows += shape_rows
             log(f"{scheme} {gemm}: chunks {shape_rows[0]['chunks']}, " + ", ".join(
                 f"m={r['m']} {r['fp8_us']:.1f}/{r['bf16_us']:.1f}us" for r in shape_rows if r["fp8_us"]))
@@ -235,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"bit identity {key}: {checks[key]}")
     name = torch.cuda.get_device_name(0)
     notes = {"copy_GBps": ceiling["copy_GBps"], "checks": checks, "seconds": time.monotonic() - t0,
-             "untuned_buckets": [f"{r['scheme']}:{r['gemm']}:m{r['m']}" for r in rows if not r["tuned"]]}
+             "untuned_buckets": [f"{r['scheme']}:{r['gemm']}:m{r['m']}" for r in rows
+                                 if not r["tuned"] and not r["kept"]],
+             "kept_below_m": args.min_m}
     (args.out / "fp8_tiles.json").write_text(json.dumps(to_json(shapes, name, sms, notes), indent=1) + "\n")
     plain = [{**r, "tile": r["tile"].__repr__()} for r in rows]
     timed = [{"scheme": c.scheme, "gemm": c.gemm, "m": c.m, "chunks": c.chunks, "tile": repr(c.tile), "us": c.us,

@@ -32,6 +32,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from minedraft.engine.cuda.fp8_chunks import add_chunk_sums, arrived_last
+from minedraft.engine.cuda.fp8_direct import launch_direct
 from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS, has_pdl, has_tma, multiprocessors, tma_fits
 from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile, active_table, choose
 from minedraft.engine.cuda.paged_attention import _INTERPRET  # noqa: F401  (applies the interpreter shim)
@@ -171,17 +173,10 @@ def _fp8_gemm_kernel(
             total += acc
     if not GRID_SPLIT:
         _write_out(total, bias_ptr, out_ptr, offs_n, offs_t, n_mask, t_mask, N, HAS_BIAS)
-    elif FUSED_SUM:
-        # The tile's last program to arrive adds every chunk's sums in chunk order (which program
-        # arrives last does not matter: all sums are written before the count rises) and leaves
-        # the count at zero for the next launch. One thread takes the ticket after the barrier,
-        # with release and acquire at GPU scope, as CUTLASS's split-K semaphore does.
-        tl.debug_barrier()
+    elif FUSED_SUM:  # the tile's last program to arrive adds every chunk's sums in chunk order
         count = count_ptr + pid_t * tl.num_programs(0) + pid_n
-        arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
-        if arrived == tl.num_programs(2) - 1:
-            for c in range(0, num_kb // kb_per_chunk):
-                total += tl.load(parts + c * M * N, mask=tile_mask, other=0.0, cache_modifier=".cg")
+        if arrived_last(count, tl.num_programs(2)):
+            total = add_chunk_sums(total, parts, tile_mask, M * N, num_kb // kb_per_chunk)
             _write_out(total, bias_ptr, out_ptr, offs_n, offs_t, n_mask, t_mask, N, HAS_BIAS)
             tl.store(count, 0)
 
@@ -244,6 +239,27 @@ def fp8_gemm_with(x: torch.Tensor, weight: Fp8Weight, chunks: int, tile: Tile,
     grid = (triton.cdiv(n, tile.block_n), triton.cdiv(m, tile.block_t), tile.split)
     counts = ARRIVAL_COUNTS.get(x.device, grid[0] * grid[1]) if split and tile.fused else None
     part = torch.empty((chunks, m, n), dtype=torch.float32, device=x.device) if split else out
+    if tile.direct:
+        launch_direct(act, act_scale, stride_xs, weight.qweight, weight.scale, weight.scale_rows, block, bias, out,
+                      part, counts, chunks, tile)
+    else:
+        _launch_transposed(act, act_scale, stride_x, stride_xs, weight, bias, out, part, counts, m, n, k, num_kb,
+                           kb_per_chunk, quant_x, grid, chunks, tile)
+    if split and counts is None:
+        size = 1024
+        _sum_chunks_kernel[(triton.cdiv(m * n, size),)](
+            part, bias if bias is not None else out, out, m * n, n, CHUNKS=chunks, HAS_BIAS=bias is not None,
+            BLOCK=size,
+        )
+    return out.reshape(*x.shape[:-1], n)
+
+
+def _launch_transposed(act: torch.Tensor, act_scale: torch.Tensor, stride_x: int, stride_xs: int,
+                       weight: Fp8Weight, bias: torch.Tensor | None, out: torch.Tensor, part: torch.Tensor,
+                       counts: torch.Tensor | None, m: int, n: int, k: int, num_kb: int, kb_per_chunk: int,
+                       quant_x: bool, grid: tuple[int, int, int], chunks: int, tile: Tile) -> None:
+    """The transposed form's launch (weights on the MMA's M side)."""
+    split, block = tile.split > 1, weight.scheme == "block"
     w_desc = TensorDescriptor.from_tensor(weight.qweight, [tile.block_n, BLOCK_K]) if tile.tma else weight.qweight
     tma_x = tile.tma and quant_x and act.stride(0) * act.element_size() % 16 == 0 and act.data_ptr() % 16 == 0
     x_desc = (TensorDescriptor(act, [m, k], [act.stride(0), 1], [tile.block_t, BLOCK_K]) if tma_x else act)
@@ -256,10 +272,3 @@ def fp8_gemm_with(x: torch.Tensor, weight: Fp8Weight, chunks: int, tile: Tile,
         HAS_BIAS=bias is not None, EPS=ACT_EPS, BLOCK_N=tile.block_n, BLOCK_T=tile.block_t,
         num_warps=tile.warps, num_stages=tile.stages, launch_pdl=tile.pdl,
     )
-    if split and counts is None:
-        size = 1024
-        _sum_chunks_kernel[(triton.cdiv(m * n, size),)](
-            part, bias if bias is not None else out, out, m * n, n, CHUNKS=chunks, HAS_BIAS=bias is not None,
-            BLOCK=size,
-        )
-    return out.reshape(*x.shape[:-1], n)

@@ -16,8 +16,8 @@ committed one, `MINEDRAFT_FP8_TILES=path` names another), read on the first GEMM
           "fused": true, "tma": true, "pdl": true},
          ...]}}}
 
-A bucket serves every M up to its max_m (the last one every M above too); `fused`, `tma` and `pdl`
-may be left out (false). Shapes not in the table, and entries that fail validation, take the default below.
+A bucket serves every M up to its max_m (the last one every M above too); `fused`, `tma`, `pdl` and
+`direct` may be left out (false). Shapes not in the table, and entries that fail validation, take the default below.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class Tile:
     fused: bool = False  # split: the last program of a tile adds the chunk sums (else a second kernel)
     tma: bool = False  # weights loaded by the tensor memory accelerator (Hopper), else by pointer loads
     pdl: bool = False  # programmatic dependent launch (Hopper): weights prefetched while the previous kernel ends
+    direct: bool = False  # tokens on the MMA's M side (`fp8_direct.py`, many tokens): activations quantized first
 
     def check(self, chunks: int) -> None:
         if self.block_n not in BLOCK_N_CHOICES or self.block_t not in BLOCK_T_CHOICES:
@@ -60,6 +61,8 @@ class Tile:
             raise ValueError(f"split {self.split} does not divide the {chunks} chunks")
         if self.fused and self.split == 1:
             raise ValueError("fused chunk sums need a split")
+        if self.direct and (self.block_t < 64 or self.block_n < 64 or self.pdl or not self.prequant):
+            raise ValueError("a direct tile takes 64+ tokens and weight rows, quantized activations, a plain launch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +127,7 @@ def parse_shape(entry: dict, k: int) -> ShapeTiles:
     for raw in sorted(entry["buckets"], key=lambda b: int(b["max_m"])):
         tile = Tile(int(raw["block_n"]), int(raw["block_t"]), int(raw["warps"]), int(raw["stages"]),
                     int(raw.get("split", 1)), bool(raw.get("prequant", False)), bool(raw.get("fused", False)),
-                    bool(raw.get("tma", False)), bool(raw.get("pdl", False)))
+                    bool(raw.get("tma", False)), bool(raw.get("pdl", False)), bool(raw.get("direct", False)))
         tile.check(chunks)
         buckets.append(Bucket(int(raw["max_m"]), tile))
     if not buckets:
