@@ -6,7 +6,8 @@
 # FP8_DEADLINE (seconds, default 215) bounds the whole script: each stage gets what is left, and cells
 # past the deadline are skipped and listed. FP8_TUNE (seconds) sets the tuner's share (default: what
 # the deadline leaves after 130 s, at most 85); FP8_SCHEMES (default block,channel) which schemes it
-# tunes: the others keep the committed table's entries. Writes under OUTDIR (8 files): fp8_tiles.json (the tuned
+# tunes: the others keep the committed table's entries; FP8_MIN_M (default 1) the smallest bucket it
+# times: smaller ones keep the committed table's chunks and tiles. Writes under OUTDIR (8 files): fp8_tiles.json (the tuned
 # table: commit it as services/minedraft/engine/cuda/fp8_tiles.json), fp8_tune.json/.md,
 # fp8_probe_block.json, fp8_probe_block_plain.json (decode steps with that table's dependent launches
 # off) and fp8_tiles_plain.json (that table), fp8_probe_channel.json, fp8.log (everything printed).
@@ -28,7 +29,7 @@ TUNE="${FP8_TUNE:-$(clamp $(( $(left) - 130 )) 85)}"
 SCHEMES="${FP8_SCHEMES:-block,channel}"
 say "tune ($SCHEMES): ${TUNE}s"
 timeout $(( TUNE + 15 )) python3 -m minedraft.bench.gpu.fp8_tune "$OUTDIR" --deadline "$TUNE" --schemes "$SCHEMES" \
-  >> "$LOG" 2>&1
+  --min-m "${FP8_MIN_M:-1}" >> "$LOG" 2>&1
 say "tune exit $?"
 TABLE="$OUTDIR/fp8_tiles.json"
 if [ -f "$TABLE" ]; then
