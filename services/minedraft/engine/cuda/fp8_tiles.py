@@ -103,19 +103,19 @@ def default_chunks(n: int, k: int, multiprocessors: int) -> int:
 
 
 def default_tile(scheme: str, n: int, m: int, chunks: int, multiprocessors: int) -> Tile:
-    """The untuned choice: 16..64-token tiles for decode and verify, 128x128 beyond, split along K while
-    the tiles alone would leave multiprocessors idle."""
-    if m <= 16:
-        block_n, block_t, warps, stages = 64, 16, 4, 4
-    elif m <= 32:
-        block_n, block_t, warps, stages = 64, 32, 4, 4
-    elif m <= 64:
-        block_n, block_t, warps, stages = 64, 64, 4, 4
+    """The untuned choice: transposed 16- and 32-token tiles for decode, the direct form above (64 tokens by
+    128 weight rows through the tensor memory accelerator, 64 by 256 past 448 tokens: the fastest direct
+    tiles of the 8B shapes' tuning on Hopper), split along K while the tiles alone would leave
+    multiprocessors idle."""
+    if m <= 32:
+        block_n, block_t, warps, stages, direct = 64, 16 if m <= 16 else 32, 4, 4, False
+    elif m <= 448:
+        block_n, block_t, warps, stages, direct = 128, 64, 4, 4, True
     else:
-        block_n, block_t, warps, stages = 128, 128, 8, 3
+        block_n, block_t, warps, stages, direct = 256, 64, 8, 4, True
     tiles = -(-n // block_n) * -(-m // block_t)
     split = chunks if chunks > 1 and tiles < multiprocessors else 1
-    return Tile(block_n, block_t, warps, stages, split, prequant=False, fused=split > 1)
+    return Tile(block_n, block_t, warps, stages, split, prequant=direct, fused=split > 1, tma=direct, direct=direct)
 
 
 def parse_shape(entry: dict, k: int) -> ShapeTiles:
