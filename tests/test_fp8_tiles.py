@@ -109,7 +109,7 @@ def test_chunks_never_depend_on_m() -> None:
 def test_the_search_space_only_holds_choices_the_kernel_takes(gemm: str) -> None:
     n, k = space.shapes_8b()[gemm]
     choices = space.chunk_choices(n, k, SMS)
-    assert 1 <= len(choices) <= 3 and all(tiles.num_blocks(k) % c == 0 for c in choices)
+    assert 1 in choices and len(choices) <= 4 and all(tiles.num_blocks(k) % c == 0 for c in choices)
     for chunks in choices:
         for m in space.M_BUCKETS:
             for tile in space.tiles_for("block", m):
@@ -192,3 +192,17 @@ def test_direct_tiles_are_read_and_held_to_what_that_kernel_takes(tmp_path: Path
         shape["buckets"].insert(1, {**direct, **bad})
         table = tiles.load_table(write(tmp_path, {"block:6144x4096": shape}))
         assert not table.shapes and "direct tile" in table.rejected[0]
+
+
+def test_the_fewest_chunks_within_the_tolerance_are_chosen() -> None:
+    """One chunk spares larger batches the chunk ends, so it wins when its batch-one time is close enough
+    to the fastest; otherwise the fastest count stands. Failed cells count for nothing."""
+    def cell(chunks: int, us: float | None) -> space.Cell:
+        return space.Cell("block", "qkv", 1, chunks, Tile(64, 16, 4, 4), us=us)
+
+    assert space.pick_chunks([cell(1, 10.2), cell(8, 10.0), cell(4, 10.1)]) == 1  # within 3%
+    assert space.pick_chunks([cell(1, 11.0), cell(8, 10.0), cell(4, 10.25)]) == 4
+    assert space.pick_chunks([cell(1, None), cell(8, 10.0)]) == 8
+    assert space.pick_chunks([cell(8, None)]) is None
+    for n, k in space.shapes_8b().values():  # one chunk is always timed
+        assert space.chunk_choices(n, k, SMS)[0] == 1

@@ -69,16 +69,33 @@ def tiles_for(scheme: str, m: int) -> list[Tile]:
 
 def chunk_choices(n: int, k: int, multiprocessors: int, most: int = 3) -> list[int]:
     """Chunk counts worth timing: divisors of K's block count that give a batch of one between one and
-    eight programs per multiprocessor (64-row tiles), nearest to three first; 1 when the tiles alone
-    already fill the GPU."""
+    eight programs per multiprocessor (64-row tiles), nearest to three first; and always 1, since one
+    chunk spares every larger batch the chunk ends (`pick_chunks`) and a decode GEMM may fill the
+    memory bus from fewer programs than multiprocessors."""
     blocks, tiles = num_blocks(k), -(-n // 64)
-    fits = [d for d in range(1, blocks + 1) if blocks % d == 0 and multiprocessors <= tiles * d <= 8 * multiprocessors]
-    if tiles >= multiprocessors:
-        fits = [1, *fits]
+    fits = [d for d in range(2, blocks + 1) if blocks % d == 0 and multiprocessors <= tiles * d <= 8 * multiprocessors]
     if not fits:
-        fits = [next((d for d in range(1, blocks + 1) if blocks % d == 0 and tiles * d >= multiprocessors), blocks)]
+        fits = [next((d for d in range(2, blocks + 1) if blocks % d == 0 and tiles * d >= multiprocessors), blocks)]
     fits = sorted(set(fits), key=lambda d: abs(tiles * d / multiprocessors - 3))
-    return sorted(fits[:most])
+    return sorted({1, *fits[:most]})
+
+
+CHUNK_TOLERANCE = 0.03  # how much slower at batch one the fewest chunks may be and still be chosen
+
+
+def pick_chunks(cells: list[Cell]) -> int | None:
+    """The shape's chunk count from the batch-one cells: the fewest chunks whose fastest cell is within
+    CHUNK_TOLERANCE of the fastest overall. A program that loops over several chunks carries a second
+    accumulator and a branch at each chunk's end, which cost the direct form 14-25% from 448 tokens up
+    (one H200, `bench/gpu/fp8_chunk_cost.py`); a K-split at batch one needs chunks. None: nothing timed."""
+    top = best(cells)
+    if top is None or top.us is None:
+        return None
+    by_chunks: dict[int, float] = {}
+    for cell in cells:
+        if cell.us is not None:
+            by_chunks[cell.chunks] = min(cell.us, by_chunks.get(cell.chunks, cell.us))
+    return min(c for c, us in by_chunks.items() if us <= top.us * (1 + CHUNK_TOLERANCE))
 
 
 def split_tiles(chunks: int, tile: Tile, n: int, m: int, multiprocessors: int) -> list[Tile]:

@@ -1,15 +1,16 @@
 """`python -m minedraft.bench.gpu.fp8_tune OUTDIR [--deadline S]`: tune the FP8 GEMM's tiles on this GPU.
 
 For the 8B projection shapes and both schemes: pick the chunk count (one per shape: it fixes the
-summation order) from batch-1 timings, then per M bucket the fastest tile and K-split, each timed
-as GPU time from CUDA-graph replays of many back-to-back GEMMs over rotating weight copies (more
-bytes than the L2 holds), beside bf16 `F.linear` and the bandwidth bound (bytes over the measured
-copy rate). Before the table is written, every row of every tuned shape must have the same bits at
-every M of `CHECK_MS` as at M = 2048 (shapes kept from the base table too); a shape that fails
-takes the default and is reported. Writes OUTDIR/fp8_tiles.json (the format `engine/cuda/fp8_tiles.py`
-reads) and fp8_tune.json/.md. Shapes of schemes not tuned, and shapes past the deadline, keep the
-base table's entry (`--base`, the committed table by default); buckets past it keep the base
-table's tile where the chunk count is the same, else the default (the table says which).
+summation order) from batch-1 timings (the fewest within 3% of the fastest, `fp8_space.pick_chunks`),
+then per M bucket the fastest tile and K-split, each timed as GPU time from CUDA-graph replays of many
+back-to-back GEMMs over rotating weight copies (more bytes than the L2 holds), beside bf16 `F.linear`
+and the bandwidth bound (bytes over the measured copy rate). Before the table is written, every row of
+every tuned shape must have the same bits at every M of `CHECK_MS` as at M = 2048 (shapes kept from the
+base table too); a shape that fails takes the default and is reported. Writes OUTDIR/fp8_tiles.json (the
+format `engine/cuda/fp8_tiles.py` reads) and fp8_tune.json/.md. Shapes of schemes not tuned, and shapes
+past the deadline, keep the base table's entry (`--base`, the committed table by default); buckets past
+it keep the base table's tile where the chunk count is the same, else the default (the table says
+which).
 """
 
 from __future__ import annotations
@@ -135,8 +136,10 @@ def tune_shape(scheme: str, gemm: str, n: int, k: int, sms: int, deadline: float
         min_m = 1
         first = sweep(1, [(c, st) for c in space.chunk_choices(n, k, sms)
                           for t in space.tiles_for(scheme, 1) for st in space.split_tiles(c, t, n, 1, sms)])
-        top = space.best(first)
-        chunks = top.chunks if top is not None else space.chunk_choices(n, k, sms)[0]
+        picked = space.pick_chunks(first)
+        choices = space.chunk_choices(n, k, sms)
+        chunks = picked if picked is not None else next((c for c in choices if c > 1), 1)
+        top = space.best([c for c in first if c.chunks == chunks])
         decode = space.fastest([c for c in first if c.chunks == chunks], space.RETIME)
     buckets, rows = [], []
     for m in space.M_BUCKETS:
