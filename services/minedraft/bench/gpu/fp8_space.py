@@ -88,14 +88,11 @@ def pick_chunks(cells: list[Cell]) -> int | None:
     CHUNK_TOLERANCE of the fastest overall. A program that loops over several chunks carries a second
     accumulator and a branch at each chunk's end, which cost the direct form 14-25% from 448 tokens up
     (one H200, `bench/gpu/fp8_chunk_cost.py`); a K-split at batch one needs chunks. None: nothing timed."""
-    top = best(cells)
-    if top is None or top.us is None:
+    timed = [c for c in cells if c.us is not None]
+    if not timed:
         return None
-    by_chunks: dict[int, float] = {}
-    for cell in cells:
-        if cell.us is not None:
-            by_chunks[cell.chunks] = min(cell.us, by_chunks.get(cell.chunks, cell.us))
-    return min(c for c, us in by_chunks.items() if us <= top.us * (1 + CHUNK_TOLERANCE))
+    fastest_us = min(c.us or 0.0 for c in timed)
+    return min(c.chunks for c in timed if (c.us or 0.0) <= fastest_us * (1 + CHUNK_TOLERANCE))
 
 
 def split_tiles(chunks: int, tile: Tile, n: int, m: int, multiprocessors: int) -> list[Tile]:

@@ -134,13 +134,13 @@ def tune_shape(scheme: str, gemm: str, n: int, k: int, sms: int, deadline: float
         chunks, decode, top = kept.chunks, [], None
     else:
         min_m = 1
-        first = sweep(1, [(c, st) for c in space.chunk_choices(n, k, sms)
+        choices = space.chunk_choices(n, k, sms)
+        first = sweep(1, [(c, st) for c in choices
                           for t in space.tiles_for(scheme, 1) for st in space.split_tiles(c, t, n, 1, sms)])
         picked = space.pick_chunks(first)
-        choices = space.chunk_choices(n, k, sms)
         chunks = picked if picked is not None else next((c for c in choices if c > 1), 1)
-        top = space.best([c for c in first if c.chunks == chunks])
         decode = space.fastest([c for c in first if c.chunks == chunks], space.RETIME)
+        top = decode[0] if decode else None
     buckets, rows = [], []
     for m in space.M_BUCKETS:
         tried: list[Cell] = []

@@ -27,6 +27,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from minedraft.engine.cuda.fp8_chunks import add_chunk_sums, arrived_last
 from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile
+from minedraft.engine.fp8_weights import Fp8Weight
 
 GROUP = tl.constexpr(BLOCK_K)
 
@@ -105,14 +106,15 @@ def _write_rows(total, bias_ptr, out_ptr, offs_t, offs_n, tile_mask, N, HAS_BIAS
     tl.store(out_ptr + offs_t[:, None] * N + offs_n[None, :], total.to(out_ptr.dtype.element_ty), mask=tile_mask)
 
 
-def launch_direct(act: torch.Tensor, act_scale: torch.Tensor, stride_xs: int, qweight: torch.Tensor,
-                  scale: torch.Tensor, scale_rows: int, block_scales: bool, bias: torch.Tensor | None,
-                  out: torch.Tensor, part: torch.Tensor, counts: torch.Tensor | None, chunks: int, tile: Tile) -> None:
+def launch_direct(act: torch.Tensor, act_scale: torch.Tensor, stride_xs: int, weight: Fp8Weight,
+                  bias: torch.Tensor | None, out: torch.Tensor, part: torch.Tensor, counts: torch.Tensor | None,
+                  chunks: int, tile: Tile) -> None:
     """One launch over quantized activations act [M, K] (e4m3, contiguous) into out [M, N]; `part` holds
     the chunk sums of a split tile, `counts` the arrival counts of a fused one (None: a second kernel adds).
     With `tile.tma` both operands stream through the tensor memory accelerator (the caller checked that
     the weight fits a descriptor)."""
     m, k = act.shape
+    qweight, scale = weight.qweight, weight.scale
     n = qweight.shape[0]
     num_kb = triton.cdiv(k, BLOCK_K)
     kb_per_chunk = num_kb // chunks
@@ -123,8 +125,7 @@ def launch_direct(act: torch.Tensor, act_scale: torch.Tensor, stride_xs: int, qw
         act, x_desc, act_scale, qweight, w_desc, scale, bias if bias is not None else out, out, part,
         counts if counts is not None else out,
         m, n, k, stride_xs, scale.stride(0), num_kb, kb_per_chunk, kb_per_chunk * chunks // tile.split,
-        BLOCK_SCALES=block_scales, SCALE_ROWS=scale_rows, GRID_SPLIT=tile.split > 1, FUSED_SUM=counts is not None,
-        WHOLE_CHUNK=tile.split == chunks, TMA=tile.tma, HAS_BIAS=bias is not None, BLOCK_T=tile.block_t,
-        BLOCK_N=tile.block_n,
-        num_warps=tile.warps, num_stages=tile.stages,
+        BLOCK_SCALES=weight.scheme == "block", SCALE_ROWS=weight.scale_rows, GRID_SPLIT=tile.split > 1,
+        FUSED_SUM=counts is not None, WHOLE_CHUNK=tile.split == chunks, TMA=tile.tma, HAS_BIAS=bias is not None,
+        BLOCK_T=tile.block_t, BLOCK_N=tile.block_n, num_warps=tile.warps, num_stages=tile.stages,
     )

@@ -234,17 +234,14 @@ def fp8_gemm_with(x: torch.Tensor, weight: Fp8Weight, chunks: int, tile: Tile,
         act_scale = torch.empty((m,), dtype=torch.float32, device=x.device)
         _quant_rows_kernel[(m,)](x2, act, act_scale, k, x2.stride(0), EPS=ACT_EPS, BLOCK=1024)
         stride_x, stride_xs = k, 1
-    kb_per_chunk = num_kb // chunks
     split = tile.split > 1
-    grid = (triton.cdiv(n, tile.block_n), triton.cdiv(m, tile.block_t), tile.split)
-    counts = ARRIVAL_COUNTS.get(x.device, grid[0] * grid[1]) if split and tile.fused else None
+    tiles = triton.cdiv(n, tile.block_n) * triton.cdiv(m, tile.block_t)
+    counts = ARRIVAL_COUNTS.get(x.device, tiles) if split and tile.fused else None
     part = torch.empty((chunks, m, n), dtype=torch.float32, device=x.device) if split else out
     if tile.direct:
-        launch_direct(act, act_scale, stride_xs, weight.qweight, weight.scale, weight.scale_rows, block, bias, out,
-                      part, counts, chunks, tile)
+        launch_direct(act, act_scale, stride_xs, weight, bias, out, part, counts, chunks, tile)
     else:
-        _launch_transposed(act, act_scale, stride_x, stride_xs, weight, bias, out, part, counts, m, n, k, num_kb,
-                           kb_per_chunk, quant_x, grid, chunks, tile)
+        _launch_transposed(act, act_scale, stride_x, stride_xs, weight, bias, out, part, counts, quant_x, chunks, tile)
     if split and counts is None:
         size = 1024
         _sum_chunks_kernel[(triton.cdiv(m * n, size),)](
@@ -256,10 +253,15 @@ def fp8_gemm_with(x: torch.Tensor, weight: Fp8Weight, chunks: int, tile: Tile,
 
 def _launch_transposed(act: torch.Tensor, act_scale: torch.Tensor, stride_x: int, stride_xs: int,
                        weight: Fp8Weight, bias: torch.Tensor | None, out: torch.Tensor, part: torch.Tensor,
-                       counts: torch.Tensor | None, m: int, n: int, k: int, num_kb: int, kb_per_chunk: int,
-                       quant_x: bool, grid: tuple[int, int, int], chunks: int, tile: Tile) -> None:
-    """The transposed form's launch (weights on the MMA's M side)."""
+                       counts: torch.Tensor | None, quant_x: bool, chunks: int, tile: Tile) -> None:
+    """The transposed form's launch (weights on the MMA's M side) over act [M, K]: bf16 rows it quantizes
+    itself (`quant_x`) or e4m3 rows quantized before."""
+    m, k = act.shape
+    n = weight.out_features
+    num_kb = triton.cdiv(k, BLOCK_K)
+    kb_per_chunk = num_kb // chunks
     split, block = tile.split > 1, weight.scheme == "block"
+    grid = (triton.cdiv(n, tile.block_n), triton.cdiv(m, tile.block_t), tile.split)
     w_desc = TensorDescriptor.from_tensor(weight.qweight, [tile.block_n, BLOCK_K]) if tile.tma else weight.qweight
     tma_x = tile.tma and quant_x and act.stride(0) * act.element_size() % 16 == 0 and act.data_ptr() % 16 == 0
     x_desc = (TensorDescriptor(act, [m, k], [act.stride(0), 1], [tile.block_t, BLOCK_K]) if tma_x else act)
