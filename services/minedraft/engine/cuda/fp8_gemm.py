@@ -32,6 +32,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from minedraft.engine.cuda.fp8_blocks import GROUP, _act_block, _quantize, _weight_block
 from minedraft.engine.cuda.fp8_chunks import add_chunk_sums, arrived_last
 from minedraft.engine.cuda.fp8_direct import launch_direct
 from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS, has_pdl, has_tma, multiprocessors, tma_fits
@@ -39,18 +40,8 @@ from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile, active_table, choose
 from minedraft.engine.cuda.paged_attention import _INTERPRET  # noqa: F401  (applies the interpreter shim)
 from minedraft.engine.fp8_weights import ACT_EPS, Fp8Weight
 
-GROUP = tl.constexpr(BLOCK_K)  # the K block, as the kernels see it
 QUANT_ROWS = 16  # tokens per program of _quant_groups_kernel
 PREFETCH_BLOCKS = tl.constexpr(4)  # K blocks of weights a program sends towards L2 before it waits (PDL)
-
-
-@triton.jit
-def _quantize(x, EPS: tl.constexpr):
-    """e4m3 values and fp32 scales of x [T, G] per row (the reference's formula). The GEMM's in-kernel
-    path and `_quant_groups_kernel` both call this, so their bits agree."""
-    scale = tl.maximum(tl.max(tl.abs(x), 1), EPS) / 448.0
-    q = tl.clamp(x / scale[:, None], -448.0, 448.0).to(tl.float8e4nv)
-    return q, scale
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -136,26 +127,10 @@ def _fp8_gemm_kernel(
     for kb in range(kb_lo, kb_hi):
         k = kb * GROUP + offs_k
         k_mask = k < K
-        if TMA:  # out-of-range rows and columns arrive as zeros, as the masked loads give
-            w = w_desc.load([pid_n * BLOCK_N, kb * GROUP])
-        else:
-            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        x_mask = t_mask[:, None] & k_mask[None, :]
-        if QUANT_X:  # block weights, bf16 activations: quantize this 128-group here
-            if TMA_X:  # pipelined like the weights (rows past M arrive as zeros)
-                x = x_desc.load([pid_t * BLOCK_T, kb * GROUP])
-            else:
-                x = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
-            xq, xs = _quantize(x.to(tl.float32), EPS)
-        else:
-            xq = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
-            xs = tok_s
-        if BLOCK_SCALES:
-            if not QUANT_X:
-                xs = tl.load(xs_ptr + offs_t * stride_xs + kb, mask=t_mask, other=0.0)
-            ws = tl.load(scale_rows + kb, mask=n_mask, other=0.0)
-        else:
-            ws = row_s
+        w, ws = _weight_block(w_rows, w_desc, scale_rows, n_mask, k, k_mask, kb, pid_n * BLOCK_N, row_s,
+                              TMA, BLOCK_SCALES)
+        xq, xs = _act_block(x_rows, x_desc, xs_ptr, offs_t, t_mask, k, k_mask, kb, pid_t * BLOCK_T, tok_s,
+                            stride_xs, QUANT_X, TMA_X, BLOCK_SCALES, EPS)
         acc += tl.dot(w, tl.trans(xq)) * (ws[:, None] * xs[None, :])
         if not WHOLE_CHUNK:  # noqa: SIM102  (a compile-time choice around a runtime test)
             if (kb + 1) % kb_per_chunk == 0:  # a chunk ends
@@ -218,22 +193,13 @@ def fp8_gemm_with(x: torch.Tensor, weight: Fp8Weight, chunks: int, tile: Tile,
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
-    num_kb = triton.cdiv(k, BLOCK_K)
     block = weight.scheme == "block"
     quant_x = block and not tile.prequant
     if quant_x:
         act, act_scale, stride_x, stride_xs = x2, x2, x2.stride(0), 0  # act_scale unused
-    elif block:
-        act = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-        act_scale = torch.empty((m, num_kb), dtype=torch.float32, device=x.device)
-        _quant_groups_kernel[(triton.cdiv(m, QUANT_ROWS), num_kb)](
-            x2, act, act_scale, m, k, x2.stride(0), num_kb, EPS=ACT_EPS, ROWS=QUANT_ROWS)
-        stride_x, stride_xs = k, num_kb
     else:
-        act = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
-        act_scale = torch.empty((m,), dtype=torch.float32, device=x.device)
-        _quant_rows_kernel[(m,)](x2, act, act_scale, k, x2.stride(0), EPS=ACT_EPS, BLOCK=1024)
-        stride_x, stride_xs = k, 1
+        act, act_scale, stride_xs = quantize_rows(x2, weight.scheme)
+        stride_x = k
     split = tile.split > 1
     tiles = triton.cdiv(n, tile.block_n) * triton.cdiv(m, tile.block_t)
     counts = ARRIVAL_COUNTS.get(x.device, tiles) if split and tile.fused else None
@@ -249,6 +215,22 @@ def fp8_gemm_with(x: torch.Tensor, weight: Fp8Weight, chunks: int, tile: Tile,
             BLOCK=size,
         )
     return out.reshape(*x.shape[:-1], n)
+
+
+def quantize_rows(x2: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """x2 [M, K] quantized once for every weight tile: e4m3 [M, K], float32 scales per token and 128-group
+    ([M, blocks], block weights) or per token ([M], channel weights), and the scales' row stride."""
+    m, k = x2.shape
+    act = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x2.device)
+    if scheme == "block":
+        num_kb = triton.cdiv(k, BLOCK_K)
+        act_scale = torch.empty((m, num_kb), dtype=torch.float32, device=x2.device)
+        _quant_groups_kernel[(triton.cdiv(m, QUANT_ROWS), num_kb)](
+            x2, act, act_scale, m, k, x2.stride(0), num_kb, EPS=ACT_EPS, ROWS=QUANT_ROWS)
+        return act, act_scale, num_kb
+    act_scale = torch.empty((m,), dtype=torch.float32, device=x2.device)
+    _quant_rows_kernel[(m,)](x2, act, act_scale, k, x2.stride(0), EPS=ACT_EPS, BLOCK=1024)
+    return act, act_scale, 1
 
 
 def _launch_transposed(act: torch.Tensor, act_scale: torch.Tensor, stride_x: int, stride_xs: int,
