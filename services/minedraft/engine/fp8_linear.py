@@ -9,6 +9,9 @@ request's logits never depend on the rest of the batch.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 from torch.nn import functional as F
 
@@ -56,3 +59,33 @@ def fp8_linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = N
     if weight.dense.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(xq, weight.dense, b, "none", [], "").to(x.dtype)
     return F.linear(xq, weight.dense, b).to(x.dtype)
+
+
+EPILOGUES_ENV = "MINEDRAFT_FP8_EPILOGUES"  # "0": the GEMM and the next kernel apart (the same bits; for timing)
+
+
+@functools.cache
+def epilogues_on() -> bool:
+    return os.environ.get(EPILOGUES_ENV, "1") != "0"
+
+
+def fp8_glu(x: torch.Tensor, weight: object) -> torch.Tensor | None:
+    """silu(gate) * up of a fused FP8 gate/up weight in one kernel (`engine/cuda/fp8_paired.py`: the bits of the
+    GEMM followed by the Triton silu*up kernel), where the FP8 kernel runs this weight at this batch; else None."""
+    if not isinstance(weight, Fp8Weight) or weight.dense is not None or not epilogues_on():
+        return None
+    from minedraft.engine.cuda.fp8_paired import fp8_paired
+
+    return fp8_paired(x, weight, None, None)
+
+
+def fp8_qkv_rope(x: torch.Tensor, weight: object, bias: torch.Tensor | None, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                 slots: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], heads: int, kv_heads: int,
+                 head_dim: int) -> torch.Tensor | None:
+    """q [..., H, D] of a fused FP8 q/k/v weight, rotated, with k and v written to the cache, in one kernel (the
+    bits of the GEMM followed by the Triton rope+store kernel), where the FP8 kernel runs it; else None."""
+    if not isinstance(weight, Fp8Weight) or weight.dense is not None or not epilogues_on():
+        return None
+    from minedraft.engine.cuda.fp8_paired import Rope, fp8_paired
+
+    return fp8_paired(x, weight, bias, Rope(cos_sin[0], cos_sin[1], slots, kv[0], kv[1], heads, kv_heads, head_dim))

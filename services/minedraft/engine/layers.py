@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from minedraft.engine.blas_plan import PLAN, TRITON, triton_linear
 from minedraft.engine.config import RopeConfig
-from minedraft.engine.fp8_linear import fp8_linear, kernel_supported
+from minedraft.engine.fp8_linear import fp8_glu, fp8_linear, kernel_supported
 from minedraft.engine.fp8_weights import Fp8Weight, fuse_fp8, is_fp8, linear_weight
 from minedraft.engine.fused import rms_norm, silu_and_mul
 
@@ -165,7 +165,9 @@ class SwiGLU(nn.Module):
         assert self.gate_up_weight is not None and self.down_weight is not None, "fuse() first"
         choice = PLAN.apply_glu(x, self.gate_up_weight) if backend == "triton" and PLAN.active else None
         if choice is None:
-            act = silu_and_mul(linear(x, self.gate_up_weight), backend)
+            act = fp8_glu(x, self.gate_up_weight) if backend == "triton" else None  # FP8: one kernel, the same bits
+            if act is None:
+                act = silu_and_mul(linear(x, self.gate_up_weight), backend)
         elif choice.startswith(TRITON):
             act = triton_linear(choice, x, self.gate_up_weight, None, glu=True)
         else:  # the plan set this library for the GEMM

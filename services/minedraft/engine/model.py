@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from minedraft.engine.attention import AttentionMetadata, paged_attention, select_queries, take_rows
 from minedraft.engine.blas_plan import PLAN, TRITON, qkv_rope_triton
 from minedraft.engine.config import ModelConfig
+from minedraft.engine.fp8_linear import fp8_qkv_rope
 from minedraft.engine.fp8_weights import linear_weight
 from minedraft.engine.fused import add_rms_norm, rope_and_store
 from minedraft.engine.layers import (
@@ -81,10 +82,14 @@ class Attention(nn.Module):
         choice = None
         if meta.backend == "triton" and qk_norm is None and not scatter and PLAN.active:
             choice = PLAN.apply_rope(x, self.qkv_weight, self.num_heads, self.num_kv_heads, self.head_dim)
+        q = None
         if choice is not None and choice.startswith(TRITON):  # one kernel: projection, rotation, KV write
             q = qkv_rope_triton(choice, x, self.qkv_weight, self.qkv_bias, cos_sin, meta.slot_mapping, kv,
                                 self.num_heads, self.num_kv_heads, self.head_dim)
-        else:
+        elif choice is None and meta.backend == "triton" and qk_norm is None and not scatter:  # FP8: the same
+            q = fp8_qkv_rope(x, self.qkv_weight, self.qkv_bias, cos_sin, meta.slot_mapping, kv, self.num_heads,
+                             self.num_kv_heads, self.head_dim)
+        if q is None:
             if choice is None:
                 qkv = linear(x, self.qkv_weight, self.qkv_bias)
             else:  # the plan set this library for the GEMM
