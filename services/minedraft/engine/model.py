@@ -13,7 +13,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from minedraft.engine import l2_prefetch
 from minedraft.engine.attention import AttentionMetadata, paged_attention, select_queries, take_rows
 from minedraft.engine.blas_plan import PLAN, TRITON, qkv_rope_triton
 from minedraft.engine.config import ModelConfig
@@ -100,7 +99,6 @@ class Attention(nn.Module):
             q = rope_and_store(qkv, cos_sin, kv, meta, self.num_heads, self.num_kv_heads, self.head_dim, qk_norm)
         if pick is not None:
             q, meta = take_rows(q, pick), select_queries(meta, pick)
-        l2_prefetch.ahead(self.o_weight)  # while the attention runs (engine/l2_prefetch.py)
         out = paged_attention(q, kv[0], kv[1], meta, self.scale)
         out = out.reshape(*out.shape[:2], -1)
         if scatter:
@@ -145,7 +143,6 @@ class DecoderLayer(nn.Module):
         norm_in, norm_post = self.input_layernorm, self.post_attention_layernorm
         h, residual = add_rms_norm(x, residual, norm_in.weight, norm_in.eps, meta.backend)
         attn = self.reduce(self.self_attn(h, cos_sin, kv, meta, pick, rows))
-        l2_prefetch.ahead(self.mlp.gate_up_weight)  # while the norm runs
         if pick is not None:
             residual = take_rows(residual, pick)
         h, residual = add_rms_norm(attn, residual, norm_post.weight, norm_post.eps, meta.backend)
@@ -209,13 +206,10 @@ class CausalLM(nn.Module):
         cos_sin = self.model.rotary.cos_sin(meta.positions)  # per packed token on the triton path, else [B, Q]
         narrow = pick if pick is not None and meta.backend == "torch" and pick.shape[1] < input_ids.shape[1] else None
         last = len(self.model.layers) - 1
-        with l2_prefetch.window(input_ids.device, input_ids.numel()):
-            for i, (layer, kv) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
-                if aux is not None and i in aux_layers:  # the residual stream entering layer i (EAGLE-3's taps)
-                    aux.append(x if residual is None else x + residual)
-                x, residual = layer(x, residual, cos_sin, kv, meta, narrow if i == last else None, rows)
-                # while the next norm runs: the next layer's q/k/v, or after the last the head's first bytes
-                l2_prefetch.ahead(self.model.layers[i + 1].self_attn.qkv_weight if i < last else self.head_weight)
+        for i, (layer, kv) in enumerate(zip(self.model.layers, kv_caches, strict=True)):
+            if aux is not None and i in aux_layers:  # the residual stream entering layer i (EAGLE-3's taps)
+                aux.append(x if residual is None else x + residual)
+            x, residual = layer(x, residual, cos_sin, kv, meta, narrow if i == last else None, rows)
         assert residual is not None
         if packed is not None:
             x, residual = x[0, packed[1]], residual[0, packed[1]]
