@@ -11,9 +11,10 @@ only `same` computes the right numbers):
     wonly  the weights streamed through the tensor cores against a constant token (no token loads, no quantizing)
     empty  the same grid writing its output tile and nothing else (the launch)
 
-each split one with the tile's last program adding the chunk sums (`+tail`, as production's fused sums) and
-without. Timed as the tuner times (CUDA-graph replays over rotating weight copies past L2), beside the bound
-(the weight's bytes over the measured copy bandwidth).
+each split one with the tile's last program adding the chunk sums (`+tail`, as production's fused sums; with
+their count a compile-time constant, `+tail_unrolled`) and without. Timed as the tuner times (CUDA-graph
+replays over rotating weight copies past L2), beside the bound (the weight's bytes over the measured copy
+bandwidth).
 """
 
 from __future__ import annotations
@@ -42,8 +43,17 @@ SPLITS = (1, 2, 4, 8)
 
 
 @triton.jit
+def _sums_unrolled(total, parts, tile_mask, MN, CHUNKS: tl.constexpr):
+    """add_chunk_sums with the count known when compiling: every chunk's load issued before the first add."""
+    for c in tl.static_range(CHUNKS):
+        total += tl.load(parts + c * MN, mask=tile_mask, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
 def _anatomy_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, count_ptr, N, K, stride_ws, kb_per_prog,
-                    MODE: tl.constexpr, TAIL: tl.constexpr, BLOCK_N: tl.constexpr, EPS: tl.constexpr):
+                    MODE: tl.constexpr, TAIL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                    EPS: tl.constexpr):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_t = tl.arange(0, 16)
     offs_k = tl.arange(0, GROUP)
@@ -74,13 +84,16 @@ def _anatomy_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, count_ptr, N, K, st
     if TAIL:
         count = count_ptr + tl.program_id(0)
         if arrived_last(count, tl.num_programs(2)):
-            total = add_chunk_sums(tl.zeros((BLOCK_N, 16), tl.float32), parts, tile_mask, N, tl.num_programs(2))
+            if TAIL == 2:
+                total = _sums_unrolled(tl.zeros((BLOCK_N, 16), tl.float32), parts, tile_mask, N, SPLIT)
+            else:
+                total = add_chunk_sums(tl.zeros((BLOCK_N, 16), tl.float32), parts, tile_mask, N, tl.num_programs(2))
             out = out_ptr + offs_t[None, :] * N + offs_n[:, None]
             tl.store(out, total.to(out_ptr.dtype.element_ty), mask=tile_mask)
             tl.store(count, 0)
 
 
-def launcher(x: torch.Tensor, weight: Fp8Weight, mode: str, tail: bool, tile: tuple[int, int, int],
+def launcher(x: torch.Tensor, weight: Fp8Weight, mode: str, tail: int, tile: tuple[int, int, int],
              split: int) -> Callable[[], object]:
     n, k = weight.out_features, weight.in_features
     block_n, warps, stages = tile
@@ -91,7 +104,7 @@ def launcher(x: torch.Tensor, weight: Fp8Weight, mode: str, tail: bool, tile: tu
 
     def run() -> None:
         _anatomy_kernel[grid](x, weight.qweight, weight.scale, out, part, counts, n, k, weight.scale.stride(0),
-                              k // 128 // split, MODE=MODES[mode], TAIL=tail, BLOCK_N=block_n, EPS=ACT_EPS,
+                              k // 128 // split, MODE=MODES[mode], TAIL=tail, SPLIT=split, BLOCK_N=block_n, EPS=ACT_EPS,
                               num_warps=warps, num_stages=stages)
     return run
 
@@ -109,9 +122,9 @@ def shape_rows(name: str, n: int, k: int, copy_bps: float) -> list[dict]:
                 prod = Tile(tile[0], 16, tile[1], tile[2], split, False, fused=split > 1)
                 row["prod"] = round(graph_us([lambda w=w, t=prod: fp8_gemm_with(x, w, chunks, t) for w in weights]), 2)
             for mode in MODES:
-                for tail in (True, False) if split > 1 else (False,):
+                for tail in (1, 2, 0) if split > 1 else (0,):
                     calls = [launcher(x, w, mode, tail, tile, split) for w in weights]
-                    row[mode + ("+tail" if tail else "")] = round(graph_us(calls), 2)
+                    row[mode + ("", "+tail", "+tail_unrolled")[tail]] = round(graph_us(calls), 2)
             print(json.dumps(row), flush=True)
             rows.append(row)
     weights.clear()
