@@ -154,3 +154,27 @@ def test_an_fp8_engine_gives_the_same_tokens_with_the_epilogues_on_and_off(
         assert tokens[True] == tokens[False], scheme
         assert any(ran), "the q/k/v epilogue never ran"
         ran.clear()
+
+
+def test_the_committed_table_pairs_the_8b_decode_shapes_and_leaves_the_direct_buckets(
+        kernel_device: torch.device) -> None:
+    """Which batches take the paired kernel on the 8B shape: every transposed bucket (decode, short verifies)
+    of gate/up and q/k/v, with tiles no narrower than the tensor cores' 64 rows and no wider than half a head
+    for q/k/v; none of the direct form's buckets."""
+    from minedraft.engine.cuda.fp8_paired import MIN_HALF, paired_tile
+    from minedraft.engine.cuda.fp8_tiles import active_table, choose
+    from minedraft.engine.fp8_weights import Fp8Weight
+
+    table = active_table()
+    for n, half_limit in ((28672, 256), (6144, 64)):  # gate/up; q/k/v of 128-wide heads
+        q = torch.empty((n, 4096), dtype=torch.float8_e4m3fn, device="meta")
+        weight = Fp8Weight(q, torch.empty((n // 128, 32), device="meta"), "block", 128)
+        paired_any = False
+        for m in (1, 4, 8, 16, 32, 64, 128, 448):
+            _, plain = choose(table, "block", n, 4096, m, 132)
+            picked = paired_tile(weight, m, kernel_device, half_limit)
+            assert (picked is None) == plain.direct, f"n={n} m={m}"
+            if picked is not None:
+                paired_any = True
+                assert MIN_HALF <= picked[1].block_n <= half_limit and not picked[1].pdl
+        assert paired_any
