@@ -161,7 +161,8 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor, backend: str = "torch") -> torch.Tensor:
         """Inside a CUDA graph's capture (`--blas auto`) the plan may run gate/up and the activation as one
-        gated Triton GEMM (`engine/blas_plan.py`); the same bits as the two kernels it replaces."""
+        gated Triton GEMM (`engine/blas_plan.py`), and an FP8 gate/up at a few tokens does the same
+        (`engine/cuda/fp8_paired.py`); the same bits as the two kernels they replace."""
         assert self.gate_up_weight is not None and self.down_weight is not None, "fuse() first"
         choice = PLAN.apply_glu(x, self.gate_up_weight) if backend == "triton" and PLAN.active else None
         if choice is None:

@@ -76,7 +76,8 @@ class Attention(nn.Module):
         run on them alone and only the attention sees the padded layout (on the torch path; the triton path's
         metadata has the attention read the packed tokens themselves, `packed_metadata`). Inside a CUDA graph's
         capture the BLAS plan may run the projection, the rotation and the KV write as one kernel
-        (`engine/cuda/skinny_rope.py`: the same bits as the two it replaces)."""
+        (`engine/cuda/skinny_rope.py`: the same bits as the two it replaces); an FP8 projection at a few tokens
+        runs them as one kernel too (`engine/cuda/fp8_paired.py`)."""
         scatter = rows is not None and meta.q_offsets is None
         qk_norm = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
         choice = None
