@@ -69,10 +69,15 @@ def epilogues_on() -> bool:
     return os.environ.get(EPILOGUES_ENV, "1") != "0"
 
 
+def _paired_kernel_runs(weight: object) -> bool:
+    """Whether `weight` is an FP8 weight the kernel runs (not the reference path) with the epilogues on."""
+    return isinstance(weight, Fp8Weight) and weight.dense is None and epilogues_on()
+
+
 def fp8_glu(x: torch.Tensor, weight: object) -> torch.Tensor | None:
     """silu(gate) * up of a fused FP8 gate/up weight in one kernel (`engine/cuda/fp8_paired.py`: the bits of the
     GEMM followed by the Triton silu*up kernel), where the FP8 kernel runs this weight at this batch; else None."""
-    if not isinstance(weight, Fp8Weight) or weight.dense is not None or not epilogues_on():
+    if not _paired_kernel_runs(weight):
         return None
     from minedraft.engine.cuda.fp8_paired import fp8_paired
 
@@ -84,7 +89,7 @@ def fp8_qkv_rope(x: torch.Tensor, weight: object, bias: torch.Tensor | None, cos
                  head_dim: int) -> torch.Tensor | None:
     """q [..., H, D] of a fused FP8 q/k/v weight, rotated, with k and v written to the cache, in one kernel (the
     bits of the GEMM followed by the Triton rope+store kernel), where the FP8 kernel runs it; else None."""
-    if not isinstance(weight, Fp8Weight) or weight.dense is not None or not epilogues_on():
+    if not _paired_kernel_runs(weight):
         return None
     from minedraft.engine.cuda.fp8_paired import Rope, fp8_paired
 

@@ -25,18 +25,17 @@ def _quantize(x, EPS: tl.constexpr):
 def _act_block(x_rows, x_desc, xs_ptr, offs_t, t_mask, k, k_mask, kb, row0, tok_s, stride_xs,
                QUANT_X: tl.constexpr, TMA_X: tl.constexpr, BLOCK_SCALES: tl.constexpr, EPS: tl.constexpr):
     """The tokens' e4m3 values [BLOCK_T, 128] of block kb and their fp32 scales [BLOCK_T]: bf16 rows quantized
-    here (`QUANT_X`, block weights; `TMA_X`: loaded by the tensor memory accelerator from row0, rows past M
-    arriving as zeros) or rows quantized before, with a scale per token and block (block weights) or per
-    token (`tok_s`, channel weights)."""
-    x_mask = t_mask[:, None] & k_mask[None, :]
+    here (`QUANT_X`, block weights) or rows quantized before, with a scale per token and block (block weights)
+    or per token (`tok_s`, channel weights). `TMA_X`: the rows come from row0 by the tensor memory accelerator,
+    rows past M arriving as zeros, as the masked loads give."""
+    if TMA_X:  # pipelined like the weights
+        x = x_desc.load([row0, kb * GROUP])
+    else:
+        x = tl.load(x_rows + k[None, :], mask=t_mask[:, None] & k_mask[None, :], other=0.0)
     if QUANT_X:
-        if TMA_X:  # noqa: SIM108  (pipelined like the weights)
-            x = x_desc.load([row0, kb * GROUP])
-        else:
-            x = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
         xq, xs = _quantize(x.to(tl.float32), EPS)
     else:
-        xq = tl.load(x_rows + k[None, :], mask=x_mask, other=0.0)
+        xq = x
         xs = tok_s
         if BLOCK_SCALES:
             xs = tl.load(xs_ptr + offs_t * stride_xs + kb, mask=t_mask, other=0.0)

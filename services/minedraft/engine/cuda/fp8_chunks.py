@@ -1,6 +1,6 @@
-"""The fused chunk sums both FP8 GEMM forms share (`fp8_gemm.py`, `fp8_direct.py`): with `split`
-programs along K, each writes its chunks' float32 sums, and the tile's last program to arrive adds
-them all in chunk order, so no second launch is needed and the order is the one-program order."""
+"""The chunk sums every FP8 GEMM kernel shares (`fp8_gemm.py`, `fp8_direct.py`, `fp8_paired.py`): a chunk's
+sums join the program's total or, with `split` programs along K, are written, and the tile's last program to
+arrive adds them all in chunk order, so no second launch is needed and the order is the one-program order."""
 
 from __future__ import annotations
 
@@ -16,6 +16,17 @@ def arrived_last(count, programs_along_k):
     tl.debug_barrier()
     arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
     return arrived == programs_along_k - 1
+
+
+@triton.jit
+def close_chunk(acc, total, parts, offset, tile_mask, GRID_SPLIT: tl.constexpr):
+    """A finished chunk's sums: written at parts + offset for the ordered addition (split along K), or added to
+    the program's total; returns the total."""
+    if GRID_SPLIT:
+        tl.store(parts + offset, acc, mask=tile_mask)
+    else:
+        total += acc
+    return total
 
 
 @triton.jit

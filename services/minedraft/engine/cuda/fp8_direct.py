@@ -25,11 +25,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from minedraft.engine.cuda.fp8_chunks import add_chunk_sums, arrived_last
+from minedraft.engine.cuda.fp8_blocks import GROUP, _act_block, _weight_block
+from minedraft.engine.cuda.fp8_chunks import add_chunk_sums, arrived_last, close_chunk
 from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile
 from minedraft.engine.fp8_weights import Fp8Weight
-
-GROUP = tl.constexpr(BLOCK_K)
 
 
 @triton.jit(do_not_specialize=["M", "num_kb", "kb_per_chunk", "kb_per_prog", "stride_xs"])
@@ -64,31 +63,17 @@ def _fp8_direct_kernel(
     for kb in range(kb_lo, kb_hi):
         k = kb * GROUP + offs_k
         k_mask = k < K
-        if TMA:  # rows and columns past the ends arrive as zeros, as the masked loads give
-            xq = x_desc.load([pid_t * BLOCK_T, kb * GROUP])
-            w = w_desc.load([pid_n * BLOCK_N, kb * GROUP])
-        else:
-            xq = tl.load(x_rows + k[None, :], mask=t_mask[:, None] & k_mask[None, :], other=0.0)
-            w = tl.load(w_rows + k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        if BLOCK_SCALES:
-            xs = tl.load(xs_ptr + offs_t * stride_xs + kb, mask=t_mask, other=0.0)
-            ws = tl.load(scale_rows + kb, mask=n_mask, other=0.0)
-        else:
-            xs = tok_s
-            ws = row_s
+        xq, xs = _act_block(x_rows, x_desc, xs_ptr, offs_t, t_mask, k, k_mask, kb, pid_t * BLOCK_T, tok_s,
+                            stride_xs, False, TMA, BLOCK_SCALES, 0.0)
+        w, ws = _weight_block(w_rows, w_desc, scale_rows, n_mask, k, k_mask, kb, pid_n * BLOCK_N, row_s, TMA,
+                              BLOCK_SCALES)
         acc += tl.dot(xq, tl.trans(w)) * (ws[None, :] * xs[:, None])
         if not WHOLE_CHUNK:  # noqa: SIM102  (a compile-time choice around a runtime test)
             if (kb + 1) % kb_per_chunk == 0:
-                if GRID_SPLIT:
-                    tl.store(parts + (kb // kb_per_chunk) * M * N, acc, mask=tile_mask)
-                else:
-                    total += acc
+                total = close_chunk(acc, total, parts, (kb // kb_per_chunk) * M * N, tile_mask, GRID_SPLIT)
                 acc = tl.zeros((BLOCK_T, BLOCK_N), tl.float32)
     if WHOLE_CHUNK:
-        if GRID_SPLIT:
-            tl.store(parts + (kb_lo // kb_per_chunk) * M * N, acc, mask=tile_mask)
-        else:
-            total += acc
+        total = close_chunk(acc, total, parts, (kb_lo // kb_per_chunk) * M * N, tile_mask, GRID_SPLIT)
     if not GRID_SPLIT:
         _write_rows(total, bias_ptr, out_ptr, offs_t, offs_n, tile_mask, N, HAS_BIAS)
     elif FUSED_SUM:  # the tile's last program to arrive adds every chunk's sums in chunk order

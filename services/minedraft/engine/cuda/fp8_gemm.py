@@ -33,7 +33,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from minedraft.engine.cuda.fp8_blocks import GROUP, _act_block, _quantize, _weight_block
-from minedraft.engine.cuda.fp8_chunks import add_chunk_sums, arrived_last
+from minedraft.engine.cuda.fp8_chunks import add_chunk_sums, arrived_last, close_chunk
 from minedraft.engine.cuda.fp8_direct import launch_direct
 from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS, has_pdl, has_tma, multiprocessors, tma_fits
 from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile, active_table, choose
@@ -134,18 +134,12 @@ def _fp8_gemm_kernel(
         acc += tl.dot(w, tl.trans(xq)) * (ws[:, None] * xs[None, :])
         if not WHOLE_CHUNK:  # noqa: SIM102  (a compile-time choice around a runtime test)
             if (kb + 1) % kb_per_chunk == 0:  # a chunk ends
-                if GRID_SPLIT:
-                    tl.store(parts + (kb // kb_per_chunk) * M * N, acc, mask=tile_mask)
-                else:
-                    total += acc
+                total = close_chunk(acc, total, parts, (kb // kb_per_chunk) * M * N, tile_mask, GRID_SPLIT)
                 acc = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
     if PDL:
         gdc_launch_dependents()  # the next kernel may start its own prologue now
     if WHOLE_CHUNK:
-        if GRID_SPLIT:
-            tl.store(parts + (kb_lo // kb_per_chunk) * M * N, acc, mask=tile_mask)
-        else:
-            total += acc
+        total = close_chunk(acc, total, parts, (kb_lo // kb_per_chunk) * M * N, tile_mask, GRID_SPLIT)
     if not GRID_SPLIT:
         _write_out(total, bias_ptr, out_ptr, offs_n, offs_t, n_mask, t_mask, N, HAS_BIAS)
     elif FUSED_SUM:  # the tile's last program to arrive adds every chunk's sums in chunk order
@@ -171,12 +165,18 @@ def _sum_chunks_kernel(part_ptr, bias_ptr, out_ptr, MN, N, CHUNKS: tl.constexpr,
 
 def fp8_gemm(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] (bf16/fp16/fp32) times the FP8 weight, in x's dtype, with the active tile table's choice."""
-    k, n = weight.in_features, weight.out_features
-    m = x.numel() // k if k else 0
-    chunks, tile = choose(active_table(), weight.scheme, n, k, m, multiprocessors(x.device))
-    if tile.tma and not (has_tma(x.device) and tma_fits(weight.qweight)):
-        tile = dataclasses.replace(tile, tma=False)  # the same bits through pointer loads
-    return fp8_gemm_with(x, weight, chunks, tile, bias)
+    k = weight.in_features
+    return fp8_gemm_with(x, weight, *table_choice(weight, x.numel() // k if k else 0, x.device), bias)
+
+
+def table_choice(weight: Fp8Weight, m: int, device: torch.device) -> tuple[int, Tile]:
+    """(chunks, tile) of the active tile table for this weight at m tokens on this device: a tile whose weight
+    does not fit a tensor descriptor there loads through pointers (the same bits)."""
+    chunks, tile = choose(active_table(), weight.scheme, weight.out_features, weight.in_features, m,
+                          multiprocessors(device))
+    if tile.tma and not (has_tma(device) and tma_fits(weight.qweight)):
+        tile = dataclasses.replace(tile, tma=False)
+    return chunks, tile
 
 
 def fp8_gemm_with(x: torch.Tensor, weight: Fp8Weight, chunks: int, tile: Tile,

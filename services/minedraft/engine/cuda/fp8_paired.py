@@ -23,9 +23,10 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from minedraft.engine.cuda.fp8_blocks import GROUP, _act_block, _weight_block
-from minedraft.engine.cuda.fp8_chunks import add_chunk_sums, arrived_last
-from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS, has_tma, multiprocessors, tma_fits
-from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile, active_table, choose
+from minedraft.engine.cuda.fp8_chunks import add_chunk_sums, arrived_last, close_chunk
+from minedraft.engine.cuda.fp8_gemm import quantize_rows, table_choice
+from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
+from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile
 from minedraft.engine.cuda.paged_attention import _INTERPRET  # noqa: F401  (applies the interpreter shim)
 from minedraft.engine.cuda.skinny_loops import _silu_times
 from minedraft.engine.cuda.skinny_rope import _rope_epilogue
@@ -51,19 +52,6 @@ def _pair_epilogue(
         y = _silu_times(a, b, out_ptr.dtype.element_ty)
         out = out_ptr + offs_t[:, None].to(tl.int64) * width + rows_a[None, :]
         tl.store(out, y.to(out_ptr.dtype.element_ty), mask=t_mask[:, None] & n_mask[None, :])
-
-
-@triton.jit
-def _close_chunk(acc_a, acc_b, total_a, total_b, parts_a, parts_b, offset, tile_mask, GRID_SPLIT: tl.constexpr):
-    """A chunk's sums of both tiles: written at `offset` for the ordered addition (split along K), or added to
-    the totals."""
-    if GRID_SPLIT:
-        tl.store(parts_a + offset, acc_a, mask=tile_mask)
-        tl.store(parts_b + offset, acc_b, mask=tile_mask)
-    else:
-        total_a += acc_a
-        total_b += acc_b
-    return total_a, total_b
 
 
 @triton.jit(do_not_specialize=["M", "num_kb", "kb_per_chunk", "kb_per_prog", "stride_xs"])
@@ -125,13 +113,15 @@ def _fp8_paired_kernel(
         acc_b += tl.dot(w_b, tl.trans(xq)) * (ws_b[:, None] * xs[None, :])
         if not WHOLE_CHUNK:  # noqa: SIM102  (a compile-time choice around a runtime test)
             if (kb + 1) % kb_per_chunk == 0:
-                total_a, total_b = _close_chunk(acc_a, acc_b, total_a, total_b, parts_a, parts_b,
-                                                (kb // kb_per_chunk) * M * N, tile_mask, GRID_SPLIT)
+                offset = (kb // kb_per_chunk) * M * N
+                total_a = close_chunk(acc_a, total_a, parts_a, offset, tile_mask, GRID_SPLIT)
+                total_b = close_chunk(acc_b, total_b, parts_b, offset, tile_mask, GRID_SPLIT)
                 acc_a = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
                 acc_b = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
     if WHOLE_CHUNK:
-        total_a, total_b = _close_chunk(acc_a, acc_b, total_a, total_b, parts_a, parts_b,
-                                        (kb_lo // kb_per_chunk) * M * N, tile_mask, GRID_SPLIT)
+        offset = (kb_lo // kb_per_chunk) * M * N
+        total_a = close_chunk(acc_a, total_a, parts_a, offset, tile_mask, GRID_SPLIT)
+        total_b = close_chunk(acc_b, total_b, parts_b, offset, tile_mask, GRID_SPLIT)
     if not GRID_SPLIT:
         _pair_epilogue(total_a, total_b, offs_t, t_mask, rows_a, n_mask, head, within, bias_ptr, out_ptr, cos_ptr,
                        sin_ptr, slot_ptr, kc_ptr, vc_ptr, stride_cos, stride_kcb, stride_kcs, stride_kch, stride_vcb,
@@ -169,13 +159,10 @@ def paired_tile(weight: Fp8Weight, m: int, device: torch.device, half_limit: int
     """(chunks, tile) for the pair at m tokens: the table's transposed tile for the fused weight's shape, each
     half of it one of the pair's tiles (64 rows at least, at most `half_limit`); None where the table gives the
     direct form or no pair tile fits (fp8_paired_with also refuses a head half that the tile does not divide)."""
-    chunks, tile = choose(active_table(), weight.scheme, weight.out_features, weight.in_features, m,
-                          multiprocessors(device))
+    chunks, tile = table_choice(weight, m, device)
     half = min(max(tile.block_n // 2, MIN_HALF), half_limit)
     if tile.direct or half < MIN_HALF:
         return None
-    if tile.tma and not (has_tma(device) and tma_fits(weight.qweight)):
-        tile = dataclasses.replace(tile, tma=False)
     return chunks, dataclasses.replace(tile, block_n=half, pdl=False)
 
 
@@ -218,8 +205,6 @@ def fp8_paired_with(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | Non
     block = weight.scheme == "block"
     act, act_scale, stride_xs = x2, x2, 0
     if not block or tile.prequant:
-        from minedraft.engine.cuda.fp8_gemm import quantize_rows
-
         act, act_scale, stride_xs = quantize_rows(x2, weight.scheme)
     part = torch.empty((chunks, m, n), dtype=torch.float32, device=x.device) if split else x2
     if rope is None:
