@@ -29,7 +29,6 @@ import dataclasses
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from minedraft.engine.cuda.fp8_blocks import GROUP, _act_block, _quantize, _weight_block
@@ -38,6 +37,7 @@ from minedraft.engine.cuda.fp8_direct import launch_direct
 from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS, has_pdl, has_tma, multiprocessors, tma_fits
 from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile, active_table, choose
 from minedraft.engine.cuda.paged_attention import _INTERPRET  # noqa: F401  (applies the interpreter shim)
+from minedraft.engine.cuda.pdl import chain_wait, chained, prefetch_l2
 from minedraft.engine.fp8_weights import ACT_EPS, Fp8Weight
 
 QUANT_ROWS = 16  # tokens per program of _quant_groups_kernel
@@ -45,8 +45,10 @@ PREFETCH_BLOCKS = tl.constexpr(4)  # K blocks of weights a program sends towards
 
 
 @triton.jit(do_not_specialize=["M"])
-def _quant_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, num_kb, EPS: tl.constexpr, ROWS: tl.constexpr):
+def _quant_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, num_kb, EPS: tl.constexpr, ROWS: tl.constexpr,
+                         PDL: tl.constexpr = False):
     """Block scheme, large M: each token's 128-wide groups quantized once, for every weight tile."""
+    chain_wait(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     kb = tl.program_id(1)
     k = kb * GROUP + tl.arange(0, GROUP)
@@ -58,7 +60,9 @@ def _quant_groups_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, num_kb, EPS: tl.co
 
 
 @triton.jit
-def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, EPS: tl.constexpr, BLOCK: tl.constexpr):
+def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, EPS: tl.constexpr, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr = False):
+    chain_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     amax = tl.zeros((BLOCK,), tl.float32)
@@ -114,14 +118,13 @@ def _fp8_gemm_kernel(
     # program that covers exactly one chunk (WHOLE_CHUNK) does the same after the loop, branch-free.
     kb_lo = tl.program_id(2) * kb_per_prog if GRID_SPLIT else 0
     kb_hi = kb_lo + kb_per_prog if GRID_SPLIT else num_kb  # the splits cut num_kb exactly
-    if PDL:  # launched while the previous kernel finishes: start this program's weights towards L2 (they
-        # are constant), then wait for that kernel's writes before reading activations or writing anything
+    if PDL:  # on the dependent chain (pdl.py): start this program's weights towards L2 (they are constant),
+        # then wait for the previous kernel's writes before reading activations or writing anything
         first = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64) * K + kb_lo * GROUP
         for p in tl.static_range(PREFETCH_BLOCKS):
             if kb_lo + p < kb_hi:
-                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [first + p * GROUP],
-                                          dtype=tl.int32, is_pure=False, pack=1)
-        gdc_wait()
+                prefetch_l2(first + p * GROUP)
+    chain_wait(PDL)
     total = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
     for kb in range(kb_lo, kb_hi):
@@ -136,8 +139,6 @@ def _fp8_gemm_kernel(
             if (kb + 1) % kb_per_chunk == 0:  # a chunk ends
                 total = close_chunk(acc, total, parts, (kb // kb_per_chunk) * M * N, tile_mask, GRID_SPLIT)
                 acc = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
-    if PDL:
-        gdc_launch_dependents()  # the next kernel may start its own prologue now
     if WHOLE_CHUNK:
         total = close_chunk(acc, total, parts, (kb_lo // kb_per_chunk) * M * N, tile_mask, GRID_SPLIT)
     if not GRID_SPLIT:
@@ -152,7 +153,8 @@ def _fp8_gemm_kernel(
 
 @triton.jit(do_not_specialize=["MN"])
 def _sum_chunks_kernel(part_ptr, bias_ptr, out_ptr, MN, N, CHUNKS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    chain_wait(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     total = tl.zeros((BLOCK,), tl.float32)
@@ -184,8 +186,9 @@ def fp8_gemm_with(x: torch.Tensor, weight: Fp8Weight, chunks: int, tile: Tile,
     """fp8_gemm with the chunk count and tile given (the tuner's entry point; `chunks` must divide K's
     block count and `tile.split` the chunks)."""
     k, n = weight.in_features, weight.out_features
-    if tile.pdl and not has_pdl(x.device):
-        tile = dataclasses.replace(tile, pdl=False)
+    pdl = chained(x.device) or (tile.pdl and has_pdl(x.device))  # the tile's own, or the chain's (pdl.py)
+    if tile.pdl != pdl and not tile.direct:
+        tile = dataclasses.replace(tile, pdl=pdl)
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -212,7 +215,7 @@ def fp8_gemm_with(x: torch.Tensor, weight: Fp8Weight, chunks: int, tile: Tile,
         size = 1024
         _sum_chunks_kernel[(triton.cdiv(m * n, size),)](
             part, bias if bias is not None else out, out, m * n, n, CHUNKS=chunks, HAS_BIAS=bias is not None,
-            BLOCK=size,
+            BLOCK=size, PDL=chained(x.device), launch_pdl=chained(x.device),
         )
     return out.reshape(*x.shape[:-1], n)
 
@@ -226,10 +229,12 @@ def quantize_rows(x2: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Te
         num_kb = triton.cdiv(k, BLOCK_K)
         act_scale = torch.empty((m, num_kb), dtype=torch.float32, device=x2.device)
         _quant_groups_kernel[(triton.cdiv(m, QUANT_ROWS), num_kb)](
-            x2, act, act_scale, m, k, x2.stride(0), num_kb, EPS=ACT_EPS, ROWS=QUANT_ROWS)
+            x2, act, act_scale, m, k, x2.stride(0), num_kb, EPS=ACT_EPS, ROWS=QUANT_ROWS, PDL=chained(x2.device),
+            launch_pdl=chained(x2.device))
         return act, act_scale, num_kb
     act_scale = torch.empty((m,), dtype=torch.float32, device=x2.device)
-    _quant_rows_kernel[(m,)](x2, act, act_scale, k, x2.stride(0), EPS=ACT_EPS, BLOCK=1024)
+    _quant_rows_kernel[(m,)](x2, act, act_scale, k, x2.stride(0), EPS=ACT_EPS, BLOCK=1024, PDL=chained(x2.device),
+                             launch_pdl=chained(x2.device))
     return act, act_scale, 1
 
 

@@ -28,6 +28,7 @@ from minedraft.engine.cuda.fp8_gemm import quantize_rows, table_choice
 from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
 from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile
 from minedraft.engine.cuda.paged_attention import _INTERPRET  # noqa: F401  (applies the interpreter shim)
+from minedraft.engine.cuda.pdl import chain_wait, chained
 from minedraft.engine.cuda.skinny_loops import _silu_times
 from minedraft.engine.cuda.skinny_rope import _rope_epilogue
 from minedraft.engine.fp8_weights import ACT_EPS, Fp8Weight
@@ -62,8 +63,9 @@ def _fp8_paired_kernel(
     BLOCK_SCALES: tl.constexpr, QUANT_X: tl.constexpr, SCALE_ROWS: tl.constexpr, GRID_SPLIT: tl.constexpr,
     WHOLE_CHUNK: tl.constexpr, TMA: tl.constexpr, HAS_BIAS: tl.constexpr, EPS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, ROPE: tl.constexpr, NUM_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    chain_wait(PDL)
     pid_n = tl.program_id(0)
     pid_t = tl.program_id(1)
     head = 0
@@ -228,6 +230,7 @@ def fp8_paired_with(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | Non
         BLOCK_SCALES=block, QUANT_X=block and not tile.prequant, SCALE_ROWS=weight.scale_rows, GRID_SPLIT=split,
         WHOLE_CHUNK=tile.split == chunks, TMA=tile.tma, HAS_BIAS=bias is not None, EPS=ACT_EPS,
         BLOCK_N=tile.block_n, BLOCK_T=tile.block_t, ROPE=rope is not None, NUM_HEADS=heads, NUM_KV_HEADS=kv_heads,
-        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, num_warps=tile.warps, num_stages=tile.stages,
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, PDL=chained(x.device), num_warps=tile.warps,
+        num_stages=tile.stages, launch_pdl=chained(x.device),
     )
     return out

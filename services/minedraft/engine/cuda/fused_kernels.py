@@ -19,13 +19,15 @@ import triton
 import triton.language as tl
 
 from minedraft.engine.cuda.paged_attention import _INTERPRET  # noqa: F401  (applies the interpreter shim)
+from minedraft.engine.cuda.pdl import chain_wait, chained
 
 
 @triton.jit
 def _add_rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n_cols, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    chain_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -57,9 +59,10 @@ def add_rms_norm_triton(
         res_out = torch.empty_like(x)
     if rows:
         block = triton.next_power_of_2(cols)
+        pdl = chained(x.device)
         _add_rms_norm_kernel[(rows,)](
             x2, res_in, weight, out, res_out, cols, eps,
-            HAS_RES=residual is not None, BLOCK=block, num_warps=8 if block >= 4096 else 4,
+            HAS_RES=residual is not None, BLOCK=block, PDL=pdl, num_warps=8 if block >= 4096 else 4, launch_pdl=pdl,
         )
     return out, res_out
 
@@ -71,8 +74,9 @@ def _rope_store_kernel(
     stride_kcb, stride_kcs, stride_kch,
     stride_vcb, stride_vcs, stride_vch,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P2: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    chain_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)  # this program's kv head and the GROUP query heads that share it
     half: tl.constexpr = HEAD_DIM // 2
@@ -137,6 +141,7 @@ def rope_store_triton(
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("the KV cache's head dimension must be contiguous")
     if tokens:
+        pdl = chained(qkv.device)
         _rope_store_kernel[(tokens, num_kv_heads)](
             flat, cos2.contiguous(), sin2.contiguous(), slot_mapping.reshape(-1).contiguous(), q_out, k_cache, v_cache,
             flat.stride(0), head_dim,
@@ -144,13 +149,15 @@ def rope_store_triton(
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=num_heads // num_kv_heads,
             GROUP_P2=triton.next_power_of_2(num_heads // num_kv_heads), HEAD_DIM=head_dim,
-            BLOCK_SIZE=k_cache.shape[1], num_warps=1 if num_heads // num_kv_heads * head_dim <= 512 else 2,
+            BLOCK_SIZE=k_cache.shape[1], PDL=pdl, num_warps=1 if num_heads // num_kv_heads * head_dim <= 512 else 2,
+            launch_pdl=pdl,
         )
     return q_out
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    chain_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -168,6 +175,7 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     flat = gate_up.reshape(-1, 2 * inter).contiguous()
     out = torch.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype, device=gate_up.device)
     if flat.shape[0]:
-        block = 1024
-        _silu_mul_kernel[(flat.shape[0], triton.cdiv(inter, block))](flat, out, inter, BLOCK=block, num_warps=4)
+        block, pdl = 1024, chained(gate_up.device)
+        _silu_mul_kernel[(flat.shape[0], triton.cdiv(inter, block))](flat, out, inter, BLOCK=block, PDL=pdl,
+                                                                     num_warps=4, launch_pdl=pdl)
     return out

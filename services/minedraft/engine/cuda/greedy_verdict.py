@@ -15,11 +15,13 @@ import triton
 import triton.language as tl
 
 from minedraft.engine.cuda.paged_attention import _INTERPRET  # noqa: F401  (applies the interpreter shim)
+from minedraft.engine.cuda.pdl import chain_wait, chained
 
 
 @triton.jit
 def _greedy_verdict_kernel(argmax_ptr, drafts_ptr, lengths_ptr, packed_ptr, counts_ptr, k,
-                           HAS_LENGTHS: tl.constexpr, BLOCK: tl.constexpr):
+                           HAS_LENGTHS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    chain_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     slot = tl.arange(0, BLOCK)
     target = tl.load(argmax_ptr + row * (k + 1) + slot, mask=slot < k + 1, other=-1)
@@ -47,5 +49,6 @@ def greedy_verdict_triton(target_argmax: torch.Tensor, drafts: torch.Tensor, len
         lengths_arg = lengths.to(torch.long).contiguous() if lengths is not None else counts
         _greedy_verdict_kernel[(batch,)](argmax, drafts, lengths_arg, packed, counts, k,
                                          HAS_LENGTHS=lengths is not None,
-                                         BLOCK=triton.next_power_of_2(k + 1))
+                                         BLOCK=triton.next_power_of_2(k + 1), PDL=chained(drafts.device),
+                                         launch_pdl=chained(drafts.device))
     return packed, counts

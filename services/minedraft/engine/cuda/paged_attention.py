@@ -52,6 +52,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minedraft.engine.cuda.pdl import chain_wait, chained
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -99,7 +101,9 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     PACKED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    chain_wait(PDL)
     tile = tl.program_id(0)
     bh = tl.program_id(1)
     split = tl.program_id(2)
@@ -237,7 +241,9 @@ def _merge_splits_kernel(
     SPLITS_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PACKED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    chain_wait(PDL)
     row = tl.program_id(0).to(tl.int64)  # (b * Q + tok) * H + head
     head = row % num_heads
     tok = (row // num_heads) % num_q
@@ -291,7 +297,9 @@ def _write_kv_kernel(
     HEADS_P2: tl.constexpr,
     DIM_P2: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    chain_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     keep = slot >= 0
@@ -449,8 +457,10 @@ def paged_attention_triton(
         DOT_PRECISION=precision,
         UPCAST_DOT=_INTERPRET and q.dtype != torch.float32,
         PACKED=packed,
+        PDL=chained(q.device),
         num_warps=num_warps,
         num_stages=num_stages,
+        launch_pdl=chained(q.device),
     )
     if num_splits > 1:
         num_rows = batch * width * heads
@@ -468,7 +478,9 @@ def paged_attention_triton(
             SPLITS_P2=triton.next_power_of_2(num_splits),
             HEAD_DIM=dim,
             PACKED=packed,
+            PDL=chained(q.device),
             num_warps=1 if dim <= 64 else 2,
+            launch_pdl=chained(q.device),
         )
     return out
 
@@ -499,5 +511,7 @@ def write_kv_triton(
         HEADS_P2=triton.next_power_of_2(kv_heads),
         DIM_P2=triton.next_power_of_2(dim),
         BLOCK_SIZE=k_cache.shape[1],
+        PDL=chained(k.device),
         num_warps=1 if kv_heads * dim <= 1024 else 4,
+        launch_pdl=chained(k.device),
     )

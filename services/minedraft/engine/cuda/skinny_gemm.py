@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from minedraft.engine.cuda.paged_attention import _INTERPRET
+from minedraft.engine.cuda.pdl import chain_wait, chained, prefetch_blocks, prefetch_weight_rows
 from minedraft.engine.cuda.skinny_configs import SkinnyConfig
 from minedraft.engine.cuda.skinny_loops import _pair_dot, _pair_fma, _silu_times
 from minedraft.engine.cuda.skinny_split import launch_split, split_counts
@@ -46,13 +47,18 @@ def _skinny_dot_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    GLU: tl.constexpr,
+    GLU: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
 ):
     pid_n = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
+    if PREFETCH > 0:  # on the dependent chain (pdl.py): this program's first weight blocks, then the wait
+        prefetch_weight_rows(w_ptr, offs_n, N, stride_wn, K, PREFETCH, BLOCK_K, LINE)
+        if GLU:
+            prefetch_weight_rows(w_ptr, offs_n + N, 2 * N, stride_wn, K, PREFETCH, BLOCK_K, LINE)
+    chain_wait(PDL)
     # gated: the up rows follow the N gate rows
     acc, acc_up = _pair_dot(x_ptr, w_ptr, M, K, stride_xm, stride_wn, offs_n, N, n_mask, BLOCK_M, BLOCK_N,
                             BLOCK_K, EVEN_K, SWAP_AB, DOT_PRECISION, UPCAST_DOT, GLU)
@@ -74,11 +80,16 @@ def _skinny_dot_kernel(
 def _skinny_fma_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    GLU: tl.constexpr,
+    GLU: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
 ):
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    if PREFETCH > 0:  # on the dependent chain (pdl.py): this program's first weight blocks, then the wait
+        prefetch_weight_rows(w_ptr, offs_n, N, stride_wn, K, PREFETCH, BLOCK_K, LINE)
+        if GLU:
+            prefetch_weight_rows(w_ptr, offs_n + N, 2 * N, stride_wn, K, PREFETCH, BLOCK_K, LINE)
+    chain_wait(PDL)
     y, y_up = _pair_fma(x_ptr, w_ptr, K, stride_wn, offs_n, N, n_mask, BLOCK_N, BLOCK_K, EVEN_K, GLU)
     if GLU:
         y = _silu_times(y, y_up, y_ptr.dtype.element_ty)
@@ -122,11 +133,13 @@ def skinny_linear(
     b = bias if bias is not None else weight  # unread without a bias
     grid = (triton.cdiv(n, config.block_n),)
     even_k = k % config.block_k == 0
+    chain = dict(PDL=chained(x.device), PREFETCH=prefetch_blocks(x.device), LINE=128 // weight.element_size(),
+                 launch_pdl=chained(x.device))
     if config.form == "fma":
         _skinny_fma_kernel[grid](
             x2, weight, b, y, n, k, weight.stride(0),
             HAS_BIAS=bias is not None, BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=even_k, GLU=glu,
-            num_warps=config.warps, num_stages=config.stages,
+            num_warps=config.warps, num_stages=config.stages, **chain,
         )
     else:
         _skinny_dot_kernel[grid](
@@ -135,6 +148,6 @@ def skinny_linear(
             EVEN_K=even_k, SWAP_AB=config.form == "swap",
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             UPCAST_DOT=_INTERPRET and x.dtype != torch.float32, GLU=glu,
-            num_warps=config.warps, num_stages=config.stages,
+            num_warps=config.warps, num_stages=config.stages, **chain,
         )
     return y.reshape(*x.shape[:-1], n)

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from minedraft.engine.cuda.paged_attention import _INTERPRET
+from minedraft.engine.cuda.pdl import chain_wait, chained, prefetch_blocks, prefetch_weight_rows
 from minedraft.engine.cuda.skinny_configs import SMEM, SkinnyConfig, shortlist_for
 from minedraft.engine.cuda.skinny_gemm import token_rows
 from minedraft.engine.cuda.skinny_loops import _pair_dot, _pair_fma, _publish_share, _sum_shares
@@ -78,7 +79,7 @@ def _skinny_rope_kernel(
     HAS_BIAS: tl.constexpr, FMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr, DOT_PRECISION: tl.constexpr,
     UPCAST_DOT: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64,
 ):
     half: tl.constexpr = HEAD_DIM // 2
     tiles_per_head: tl.constexpr = half // BLOCK_N
@@ -87,6 +88,13 @@ def _skinny_rope_kernel(
     within = (pid % tiles_per_head) * BLOCK_N + tl.arange(0, BLOCK_N)  # features of the head's first half
     rows_a = head * HEAD_DIM + within
     n_mask = within < half
+    if PREFETCH > 0:  # on the dependent chain (pdl.py): both halves' first weight blocks, then the wait
+        k_first = tl.program_id(1) * k_per_split
+        n_all: tl.constexpr = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
+        prefetch_weight_rows(w_ptr + k_first, rows_a, n_all, stride_wn, K - k_first, PREFETCH, BLOCK_K, LINE)
+        prefetch_weight_rows(w_ptr + k_first, rows_a + half, n_all, stride_wn, K - k_first, PREFETCH, BLOCK_K,
+                             LINE)
+    chain_wait(PDL)
     if FMA:  # one token
         a1, b1 = _pair_fma(x_ptr, w_ptr, K, stride_wn, rows_a, half, n_mask, BLOCK_N, BLOCK_K, EVEN_K, True)
         offs_m = tl.arange(0, 1)
@@ -182,5 +190,7 @@ def skinny_qkv_rope(
         SWAP_AB=config.form == "swap", DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=_INTERPRET and x.dtype != torch.float32, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1], num_warps=config.warps, num_stages=config.stages,
+        PDL=chained(x.device), PREFETCH=prefetch_blocks(x.device), LINE=128 // weight.element_size(),
+        launch_pdl=chained(x.device),
     )
     return q

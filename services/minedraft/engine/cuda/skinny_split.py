@@ -19,6 +19,7 @@ import triton.language as tl
 
 from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
 from minedraft.engine.cuda.paged_attention import _INTERPRET
+from minedraft.engine.cuda.pdl import chain_wait, chained, prefetch_blocks, prefetch_weight_rows
 from minedraft.engine.cuda.skinny_configs import SkinnyConfig
 from minedraft.engine.cuda.skinny_loops import _pair_dot, _publish_share, _silu_times, _sum_shares
 
@@ -28,7 +29,8 @@ def _skinny_split_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, k_per_split, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, GLU: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+    LINE: tl.constexpr = 64,
 ):
     pid_n = tl.program_id(0)
     share = tl.program_id(1)
@@ -38,6 +40,11 @@ def _skinny_split_kernel(
     n_mask = offs_n < N
     k_lo = share * k_per_split
     k_len = tl.minimum(k_per_split, K - k_lo)  # whole K tiles; the last share may be shorter or empty
+    if PREFETCH > 0:  # on the dependent chain (pdl.py): this share's first weight blocks, then the wait
+        prefetch_weight_rows(w_ptr + k_lo, offs_n, N, stride_wn, k_len, PREFETCH, BLOCK_K, LINE)
+        if GLU:
+            prefetch_weight_rows(w_ptr + k_lo, offs_n + N, 2 * N, stride_wn, k_len, PREFETCH, BLOCK_K, LINE)
+    chain_wait(PDL)
     acc, acc_up = _pair_dot(x_ptr + k_lo, w_ptr + k_lo, M, k_len, stride_xm, stride_wn, offs_n, N, n_mask,
                             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SWAP_AB, DOT_PRECISION, UPCAST_DOT, GLU)
     width = 2 * N if GLU else N  # a gated share keeps its gate sums, then its up sums
@@ -97,5 +104,6 @@ def launch_split(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         SPLIT=config.split, EVEN_K=k % config.block_k == 0,
         SWAP_AB=config.form == "swap", DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         UPCAST_DOT=_INTERPRET and x2.dtype != torch.float32, GLU=glu,
-        num_warps=config.warps, num_stages=config.stages,
+        num_warps=config.warps, num_stages=config.stages, PDL=chained(x2.device),
+        PREFETCH=prefetch_blocks(x2.device), LINE=128 // weight.element_size(), launch_pdl=chained(x2.device),
     )
