@@ -52,6 +52,17 @@ def test_every_other_plan_takes_the_ordinary_path() -> None:
     assert launchable_ids(w, no_drafts, [1, 2], nxt) is None
 
 
+def test_a_batch_being_verified_now_is_never_launched_ahead() -> None:
+    """Sequential SD drafts and verifies one batch: its next verify starts where this verdict leaves each row,
+    which the host learns only at the commit, so it takes the ordinary path however early its plan arrives."""
+    current = control_pb2.StepPlan(step=7, draft_batch=[1, 2], verify_batch=[1, 2], with_drafts=True, k=4)
+    nxt = control_pb2.StepPlan(step=8, draft_batch=[1, 2], verify_batch=[1, 2], with_drafts=True, k=4)
+    assert launchable_ids(worker(), current, [1, 2], nxt) is None
+    overlapping = control_pb2.StepPlan(step=7, draft_batch=[2, 3], verify_batch=[1, 2], with_drafts=True, k=4)
+    nxt_overlap = control_pb2.StepPlan(step=8, draft_batch=[1], verify_batch=[2, 3], with_drafts=True, k=4)
+    assert launchable_ids(worker(), overlapping, [1, 2], nxt_overlap) is None
+
+
 def test_rows_that_need_their_own_path_are_not_launched() -> None:
     current, nxt = plans()
     prompt_pending = SeqState(4, [5, 6, 7], SamplingParams(max_tokens=8), cached=0)  # first verify: a prefill

@@ -8,12 +8,13 @@ GPU runs i+1 as soon as they are there, while the host reads back and commits st
 longer idles through the host's read-back, bookkeeping, event and next-plan preparation.
 
 Only the plain case is launched ahead: the next plan verifies exactly the batch this plan drafts (same
-order), removes none of this plan's sequences, every row is greedy and in the steady state (one
-committed token not yet in the KV) and asks for no logprobs or grammar (`host_free`), the colocated
-draft is off, and the payload fits one frame. Logits processing (penalties, biases, min_tokens) runs as
-on the ordinary path: B's history on the host is whole, since its previous verdict (step i - 1) was
-committed in the turn before, and the processing tables are per sequence, so A's commit behind the
-launched verify changes nothing B reads.
+order), none of whose rows this plan verifies (in sequential SD the next verify starts where this
+verdict leaves each row, which the host learns at the commit), removes none of this plan's sequences,
+every row is greedy and in the steady state (one committed token not yet in the KV) and asks for no
+logprobs or grammar (`host_free`), the colocated draft is off, and the payload fits one frame. Logits
+processing (penalties, biases, min_tokens) runs as on the ordinary path: B's history on the host is
+whole, since its previous verdict (step i - 1) was committed in the turn before, and the processing
+tables are per sequence, so A's commit behind the launched verify changes nothing B reads.
 Everything else takes the ordinary path. Tensor-parallel followers get the plan over their host
 channel and queue the same verify ahead (verifier/tp_follower.py). The drafts' header travels back
 with the verdict and is checked when the step commits; a mismatch (which the plan rules out) is
@@ -62,6 +63,8 @@ def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids:
     if nxt.step != current.step + 1 or not nxt.with_drafts or not current.with_drafts or not drafted:
         return None
     if list(nxt.verify_batch) != drafted or not set(nxt.remove).isdisjoint((*current_ids, *drafted)):
+        return None
+    if not set(drafted).isdisjoint(current_ids):  # sequential SD: a row's next start is this verdict's, unread yet
         return None
     return drafted if device_rows(worker, drafted) else None
 
