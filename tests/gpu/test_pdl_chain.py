@@ -70,8 +70,11 @@ def test_the_chain_changes_no_bit_of_a_step(batch: int, weights: str, cuda_devic
 
 def test_the_chain_is_off_without_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the CPU (the interpreter) the setting is ignored: no kernel is compiled with the chain's wait."""
-    from minedraft.engine.cuda.pdl import PDL_ENV, chained, prefetch_blocks
+    from minedraft.engine.cuda.pdl import PDL_ENV, chain_launch, chained, gemm_chain_launch
 
     monkeypatch.setenv(PDL_ENV, "1")
-    assert not chained(torch.device("cpu"))
-    assert prefetch_blocks(torch.device("cpu")) == 0
+    cpu = torch.device("cpu")
+    assert not chained(cpu)
+    assert chain_launch(cpu) == {"PDL": False, "launch_pdl": False}
+    weight = torch.zeros(4, 4, dtype=torch.bfloat16)
+    assert gemm_chain_launch(cpu, weight) == {"PDL": False, "launch_pdl": False, "PREFETCH": 0, "LINE": 64}

@@ -28,7 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from minedraft.engine.cuda.fp8_blocks import GROUP, _act_block, _weight_block
 from minedraft.engine.cuda.fp8_chunks import add_chunk_sums, arrived_last, close_chunk
 from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile
-from minedraft.engine.cuda.pdl import chain_wait, chained
+from minedraft.engine.cuda.pdl import chain_launch, chain_wait
 from minedraft.engine.fp8_weights import Fp8Weight
 
 
@@ -114,6 +114,6 @@ def launch_direct(act: torch.Tensor, act_scale: torch.Tensor, stride_xs: int, we
         m, n, k, stride_xs, scale.stride(0), num_kb, kb_per_chunk, kb_per_chunk * chunks // tile.split,
         BLOCK_SCALES=weight.scheme == "block", SCALE_ROWS=weight.scale_rows, GRID_SPLIT=tile.split > 1,
         FUSED_SUM=counts is not None, WHOLE_CHUNK=tile.split == chunks, TMA=tile.tma, HAS_BIAS=bias is not None,
-        BLOCK_T=tile.block_t, BLOCK_N=tile.block_n, PDL=chained(act.device), num_warps=tile.warps,
-        num_stages=tile.stages, launch_pdl=chained(act.device),
+        BLOCK_T=tile.block_t, BLOCK_N=tile.block_n, num_warps=tile.warps,
+        num_stages=tile.stages, **chain_launch(act.device),
     )

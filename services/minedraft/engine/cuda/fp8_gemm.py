@@ -37,7 +37,7 @@ from minedraft.engine.cuda.fp8_direct import launch_direct
 from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS, has_pdl, has_tma, multiprocessors, tma_fits
 from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile, active_table, choose
 from minedraft.engine.cuda.paged_attention import _INTERPRET  # noqa: F401  (applies the interpreter shim)
-from minedraft.engine.cuda.pdl import chain_wait, chained, prefetch_l2
+from minedraft.engine.cuda.pdl import chain_launch, chain_wait, chained, prefetch_weight_rows
 from minedraft.engine.fp8_weights import ACT_EPS, Fp8Weight
 
 QUANT_ROWS = 16  # tokens per program of _quant_groups_kernel
@@ -118,12 +118,10 @@ def _fp8_gemm_kernel(
     # program that covers exactly one chunk (WHOLE_CHUNK) does the same after the loop, branch-free.
     kb_lo = tl.program_id(2) * kb_per_prog if GRID_SPLIT else 0
     kb_hi = kb_lo + kb_per_prog if GRID_SPLIT else num_kb  # the splits cut num_kb exactly
-    if PDL:  # on the dependent chain (pdl.py): start this program's weights towards L2 (they are constant),
-        # then wait for the previous kernel's writes before reading activations or writing anything
-        first = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64) * K + kb_lo * GROUP
-        for p in tl.static_range(PREFETCH_BLOCKS):
-            if kb_lo + p < kb_hi:
-                prefetch_l2(first + p * GROUP)
+    if PDL:  # on the dependent chain (pdl.py): start this program's first weight blocks towards L2 (they are
+        # constant), then wait for the previous kernel's writes before reading activations or writing anything
+        prefetch_weight_rows(w_ptr + kb_lo * GROUP, offs_n, N, K, (kb_hi - kb_lo) * GROUP, PREFETCH_BLOCKS, GROUP,
+                             GROUP)
     chain_wait(PDL)
     total = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
@@ -215,7 +213,7 @@ def fp8_gemm_with(x: torch.Tensor, weight: Fp8Weight, chunks: int, tile: Tile,
         size = 1024
         _sum_chunks_kernel[(triton.cdiv(m * n, size),)](
             part, bias if bias is not None else out, out, m * n, n, CHUNKS=chunks, HAS_BIAS=bias is not None,
-            BLOCK=size, PDL=chained(x.device), launch_pdl=chained(x.device),
+            BLOCK=size, **chain_launch(x.device),
         )
     return out.reshape(*x.shape[:-1], n)
 
@@ -229,12 +227,10 @@ def quantize_rows(x2: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Te
         num_kb = triton.cdiv(k, BLOCK_K)
         act_scale = torch.empty((m, num_kb), dtype=torch.float32, device=x2.device)
         _quant_groups_kernel[(triton.cdiv(m, QUANT_ROWS), num_kb)](
-            x2, act, act_scale, m, k, x2.stride(0), num_kb, EPS=ACT_EPS, ROWS=QUANT_ROWS, PDL=chained(x2.device),
-            launch_pdl=chained(x2.device))
+            x2, act, act_scale, m, k, x2.stride(0), num_kb, EPS=ACT_EPS, ROWS=QUANT_ROWS, **chain_launch(x2.device))
         return act, act_scale, num_kb
     act_scale = torch.empty((m,), dtype=torch.float32, device=x2.device)
-    _quant_rows_kernel[(m,)](x2, act, act_scale, k, x2.stride(0), EPS=ACT_EPS, BLOCK=1024, PDL=chained(x2.device),
-                             launch_pdl=chained(x2.device))
+    _quant_rows_kernel[(m,)](x2, act, act_scale, k, x2.stride(0), EPS=ACT_EPS, BLOCK=1024, **chain_launch(x2.device))
     return act, act_scale, 1
 
 

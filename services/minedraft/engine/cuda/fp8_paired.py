@@ -28,7 +28,7 @@ from minedraft.engine.cuda.fp8_gemm import quantize_rows, table_choice
 from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
 from minedraft.engine.cuda.fp8_tiles import BLOCK_K, Tile
 from minedraft.engine.cuda.paged_attention import _INTERPRET  # noqa: F401  (applies the interpreter shim)
-from minedraft.engine.cuda.pdl import chain_wait, chained
+from minedraft.engine.cuda.pdl import chain_launch, chain_wait
 from minedraft.engine.cuda.skinny_loops import _silu_times
 from minedraft.engine.cuda.skinny_rope import _rope_epilogue
 from minedraft.engine.fp8_weights import ACT_EPS, Fp8Weight
@@ -230,7 +230,7 @@ def fp8_paired_with(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | Non
         BLOCK_SCALES=block, QUANT_X=block and not tile.prequant, SCALE_ROWS=weight.scale_rows, GRID_SPLIT=split,
         WHOLE_CHUNK=tile.split == chunks, TMA=tile.tma, HAS_BIAS=bias is not None, EPS=ACT_EPS,
         BLOCK_N=tile.block_n, BLOCK_T=tile.block_t, ROPE=rope is not None, NUM_HEADS=heads, NUM_KV_HEADS=kv_heads,
-        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, PDL=chained(x.device), num_warps=tile.warps,
-        num_stages=tile.stages, launch_pdl=chained(x.device),
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, num_warps=tile.warps,
+        num_stages=tile.stages, **chain_launch(x.device),
     )
     return out

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from minedraft.engine.cuda.paged_attention import _INTERPRET  # noqa: F401  (applies the interpreter shim)
-from minedraft.engine.cuda.pdl import chain_wait, chained
+from minedraft.engine.cuda.pdl import chain_launch, chain_wait
 
 
 @triton.jit
@@ -59,10 +59,9 @@ def add_rms_norm_triton(
         res_out = torch.empty_like(x)
     if rows:
         block = triton.next_power_of_2(cols)
-        pdl = chained(x.device)
         _add_rms_norm_kernel[(rows,)](
             x2, res_in, weight, out, res_out, cols, eps,
-            HAS_RES=residual is not None, BLOCK=block, PDL=pdl, num_warps=8 if block >= 4096 else 4, launch_pdl=pdl,
+            HAS_RES=residual is not None, BLOCK=block, num_warps=8 if block >= 4096 else 4, **chain_launch(x.device),
         )
     return out, res_out
 
@@ -141,7 +140,6 @@ def rope_store_triton(
     if k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
         raise ValueError("the KV cache's head dimension must be contiguous")
     if tokens:
-        pdl = chained(qkv.device)
         _rope_store_kernel[(tokens, num_kv_heads)](
             flat, cos2.contiguous(), sin2.contiguous(), slot_mapping.reshape(-1).contiguous(), q_out, k_cache, v_cache,
             flat.stride(0), head_dim,
@@ -149,8 +147,8 @@ def rope_store_triton(
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, GROUP=num_heads // num_kv_heads,
             GROUP_P2=triton.next_power_of_2(num_heads // num_kv_heads), HEAD_DIM=head_dim,
-            BLOCK_SIZE=k_cache.shape[1], PDL=pdl, num_warps=1 if num_heads // num_kv_heads * head_dim <= 512 else 2,
-            launch_pdl=pdl,
+            BLOCK_SIZE=k_cache.shape[1], num_warps=1 if num_heads // num_kv_heads * head_dim <= 512 else 2,
+            **chain_launch(qkv.device),
         )
     return q_out
 
@@ -175,7 +173,7 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     flat = gate_up.reshape(-1, 2 * inter).contiguous()
     out = torch.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype, device=gate_up.device)
     if flat.shape[0]:
-        block, pdl = 1024, chained(gate_up.device)
-        _silu_mul_kernel[(flat.shape[0], triton.cdiv(inter, block))](flat, out, inter, BLOCK=block, PDL=pdl,
-                                                                     num_warps=4, launch_pdl=pdl)
+        block = 1024
+        _silu_mul_kernel[(flat.shape[0], triton.cdiv(inter, block))](flat, out, inter, BLOCK=block, num_warps=4,
+                                                                     **chain_launch(gate_up.device))
     return out

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from minedraft.engine.cuda.paged_attention import _INTERPRET  # noqa: F401  (applies the interpreter shim)
-from minedraft.engine.cuda.pdl import chain_wait, chained
+from minedraft.engine.cuda.pdl import chain_launch, chain_wait
 
 
 @triton.jit
@@ -49,6 +49,5 @@ def greedy_verdict_triton(target_argmax: torch.Tensor, drafts: torch.Tensor, len
         lengths_arg = lengths.to(torch.long).contiguous() if lengths is not None else counts
         _greedy_verdict_kernel[(batch,)](argmax, drafts, lengths_arg, packed, counts, k,
                                          HAS_LENGTHS=lengths is not None,
-                                         BLOCK=triton.next_power_of_2(k + 1), PDL=chained(drafts.device),
-                                         launch_pdl=chained(drafts.device))
+                                         BLOCK=triton.next_power_of_2(k + 1), **chain_launch(drafts.device))
     return packed, counts

@@ -52,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minedraft.engine.cuda.pdl import chain_wait, chained
+from minedraft.engine.cuda.pdl import chain_launch, chain_wait
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
@@ -457,10 +457,9 @@ def paged_attention_triton(
         DOT_PRECISION=precision,
         UPCAST_DOT=_INTERPRET and q.dtype != torch.float32,
         PACKED=packed,
-        PDL=chained(q.device),
         num_warps=num_warps,
         num_stages=num_stages,
-        launch_pdl=chained(q.device),
+        **chain_launch(q.device),
     )
     if num_splits > 1:
         num_rows = batch * width * heads
@@ -478,9 +477,8 @@ def paged_attention_triton(
             SPLITS_P2=triton.next_power_of_2(num_splits),
             HEAD_DIM=dim,
             PACKED=packed,
-            PDL=chained(q.device),
             num_warps=1 if dim <= 64 else 2,
-            launch_pdl=chained(q.device),
+            **chain_launch(q.device),
         )
     return out
 
@@ -511,7 +509,6 @@ def write_kv_triton(
         HEADS_P2=triton.next_power_of_2(kv_heads),
         DIM_P2=triton.next_power_of_2(dim),
         BLOCK_SIZE=k_cache.shape[1],
-        PDL=chained(k.device),
         num_warps=1 if kv_heads * dim <= 1024 else 4,
-        launch_pdl=chained(k.device),
+        **chain_launch(k.device),
     )

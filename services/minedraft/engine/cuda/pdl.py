@@ -60,7 +60,27 @@ def prefetch_weight_rows(w_ptr, rows, n_rows, stride, K, BLOCKS: tl.constexpr, B
         prefetch_l2(base + tl.minimum(b * BLOCK_K + lines, K - 1)[None, :])
 
 
-def prefetch_blocks(device: torch.device) -> int:
-    """K blocks of its weight a GEMM on the chain sends towards L2 before it waits (`MINEDRAFT_PDL_PREFETCH`,
-    default 1); 0 off the chain."""
-    return int(os.environ.get("MINEDRAFT_PDL_PREFETCH", "1")) if chained(device) else 0
+@triton.jit
+def chain_wait_rows(w_ptr, rows, pair_offset, n_rows, stride, K, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+                    BLOCK_K: tl.constexpr, LINE: tl.constexpr, PAIRED: tl.constexpr):
+    """A few-row GEMM's entry on the chain: its weight rows' first PREFETCH K blocks (and, PAIRED, those of the
+    rows pair_offset further on) towards L2, then the wait."""
+    if PREFETCH > 0:
+        prefetch_weight_rows(w_ptr, rows, n_rows, stride, K, PREFETCH, BLOCK_K, LINE)
+        if PAIRED:
+            prefetch_weight_rows(w_ptr, rows + pair_offset, n_rows, stride, K, PREFETCH, BLOCK_K, LINE)
+    chain_wait(PDL)
+
+
+def chain_launch(device: torch.device) -> dict[str, bool]:
+    """A kernel's launch arguments for the chain: its PDL switch and the launch attribute, both from one read."""
+    on = chained(device)
+    return {"PDL": on, "launch_pdl": on}
+
+
+def gemm_chain_launch(device: torch.device, weight: torch.Tensor) -> dict[str, bool | int]:
+    """`chain_launch` plus what a few-row GEMM prefetches before it waits: PREFETCH K blocks of its weight
+    (`MINEDRAFT_PDL_PREFETCH`, default 1; 0 off the chain) and LINE, the weight elements of a 128-byte line."""
+    on = chained(device)
+    blocks = int(os.environ.get("MINEDRAFT_PDL_PREFETCH", "1")) if on else 0
+    return {"PDL": on, "launch_pdl": on, "PREFETCH": blocks, "LINE": 128 // weight.element_size()}

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from minedraft.engine.cuda.paged_attention import _INTERPRET
-from minedraft.engine.cuda.pdl import chain_wait, chained, prefetch_blocks, prefetch_weight_rows
+from minedraft.engine.cuda.pdl import chain_wait_rows, gemm_chain_launch
 from minedraft.engine.cuda.skinny_configs import SkinnyConfig
 from minedraft.engine.cuda.skinny_loops import _pair_dot, _pair_fma, _silu_times
 from minedraft.engine.cuda.skinny_split import launch_split, split_counts
@@ -54,11 +54,8 @@ def _skinny_dot_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    if PREFETCH > 0:  # on the dependent chain (pdl.py): this program's first weight blocks, then the wait
-        prefetch_weight_rows(w_ptr, offs_n, N, stride_wn, K, PREFETCH, BLOCK_K, LINE)
-        if GLU:
-            prefetch_weight_rows(w_ptr, offs_n + N, 2 * N, stride_wn, K, PREFETCH, BLOCK_K, LINE)
-    chain_wait(PDL)
+    # on the dependent chain (pdl.py): this program's first weight blocks (gated: the up rows too), the wait
+    chain_wait_rows(w_ptr, offs_n, N, 2 * N if GLU else N, stride_wn, K, PDL, PREFETCH, BLOCK_K, LINE, GLU)
     # gated: the up rows follow the N gate rows
     acc, acc_up = _pair_dot(x_ptr, w_ptr, M, K, stride_xm, stride_wn, offs_n, N, n_mask, BLOCK_M, BLOCK_N,
                             BLOCK_K, EVEN_K, SWAP_AB, DOT_PRECISION, UPCAST_DOT, GLU)
@@ -85,11 +82,8 @@ def _skinny_fma_kernel(
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    if PREFETCH > 0:  # on the dependent chain (pdl.py): this program's first weight blocks, then the wait
-        prefetch_weight_rows(w_ptr, offs_n, N, stride_wn, K, PREFETCH, BLOCK_K, LINE)
-        if GLU:
-            prefetch_weight_rows(w_ptr, offs_n + N, 2 * N, stride_wn, K, PREFETCH, BLOCK_K, LINE)
-    chain_wait(PDL)
+    # on the dependent chain (pdl.py): this program's first weight blocks (gated: the up rows too), the wait
+    chain_wait_rows(w_ptr, offs_n, N, 2 * N if GLU else N, stride_wn, K, PDL, PREFETCH, BLOCK_K, LINE, GLU)
     y, y_up = _pair_fma(x_ptr, w_ptr, K, stride_wn, offs_n, N, n_mask, BLOCK_N, BLOCK_K, EVEN_K, GLU)
     if GLU:
         y = _silu_times(y, y_up, y_ptr.dtype.element_ty)
@@ -133,8 +127,7 @@ def skinny_linear(
     b = bias if bias is not None else weight  # unread without a bias
     grid = (triton.cdiv(n, config.block_n),)
     even_k = k % config.block_k == 0
-    chain = dict(PDL=chained(x.device), PREFETCH=prefetch_blocks(x.device), LINE=128 // weight.element_size(),
-                 launch_pdl=chained(x.device))
+    chain = gemm_chain_launch(x.device, weight)
     if config.form == "fma":
         _skinny_fma_kernel[grid](
             x2, weight, b, y, n, k, weight.stride(0),

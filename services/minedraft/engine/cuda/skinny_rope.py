@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from minedraft.engine.cuda.paged_attention import _INTERPRET
-from minedraft.engine.cuda.pdl import chain_wait, chained, prefetch_blocks, prefetch_weight_rows
+from minedraft.engine.cuda.pdl import chain_wait_rows, gemm_chain_launch
 from minedraft.engine.cuda.skinny_configs import SMEM, SkinnyConfig, shortlist_for
 from minedraft.engine.cuda.skinny_gemm import token_rows
 from minedraft.engine.cuda.skinny_loops import _pair_dot, _pair_fma, _publish_share, _sum_shares
@@ -88,13 +88,10 @@ def _skinny_rope_kernel(
     within = (pid % tiles_per_head) * BLOCK_N + tl.arange(0, BLOCK_N)  # features of the head's first half
     rows_a = head * HEAD_DIM + within
     n_mask = within < half
-    if PREFETCH > 0:  # on the dependent chain (pdl.py): both halves' first weight blocks, then the wait
-        k_first = tl.program_id(1) * k_per_split
-        n_all: tl.constexpr = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
-        prefetch_weight_rows(w_ptr + k_first, rows_a, n_all, stride_wn, K - k_first, PREFETCH, BLOCK_K, LINE)
-        prefetch_weight_rows(w_ptr + k_first, rows_a + half, n_all, stride_wn, K - k_first, PREFETCH, BLOCK_K,
-                             LINE)
-    chain_wait(PDL)
+    # on the dependent chain (pdl.py): both halves' first weight blocks of this program's K share, the wait
+    k_first = tl.program_id(1) * k_per_split
+    chain_wait_rows(w_ptr + k_first, rows_a, half, (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM, stride_wn, K - k_first,
+                    PDL, PREFETCH, BLOCK_K, LINE, True)
     if FMA:  # one token
         a1, b1 = _pair_fma(x_ptr, w_ptr, K, stride_wn, rows_a, half, n_mask, BLOCK_N, BLOCK_K, EVEN_K, True)
         offs_m = tl.arange(0, 1)
@@ -190,7 +187,6 @@ def skinny_qkv_rope(
         SWAP_AB=config.form == "swap", DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         UPCAST_DOT=_INTERPRET and x.dtype != torch.float32, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim, BLOCK_SIZE=k_cache.shape[1], num_warps=config.warps, num_stages=config.stages,
-        PDL=chained(x.device), PREFETCH=prefetch_blocks(x.device), LINE=128 // weight.element_size(),
-        launch_pdl=chained(x.device),
+        **gemm_chain_launch(x.device, weight),
     )
     return q

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from minedraft.engine.cuda.fp8_launch import ARRIVAL_COUNTS
 from minedraft.engine.cuda.paged_attention import _INTERPRET
-from minedraft.engine.cuda.pdl import chain_wait, chained, prefetch_blocks, prefetch_weight_rows
+from minedraft.engine.cuda.pdl import chain_wait_rows, gemm_chain_launch
 from minedraft.engine.cuda.skinny_configs import SkinnyConfig
 from minedraft.engine.cuda.skinny_loops import _pair_dot, _publish_share, _silu_times, _sum_shares
 
@@ -40,11 +40,9 @@ def _skinny_split_kernel(
     n_mask = offs_n < N
     k_lo = share * k_per_split
     k_len = tl.minimum(k_per_split, K - k_lo)  # whole K tiles; the last share may be shorter or empty
-    if PREFETCH > 0:  # on the dependent chain (pdl.py): this share's first weight blocks, then the wait
-        prefetch_weight_rows(w_ptr + k_lo, offs_n, N, stride_wn, k_len, PREFETCH, BLOCK_K, LINE)
-        if GLU:
-            prefetch_weight_rows(w_ptr + k_lo, offs_n + N, 2 * N, stride_wn, k_len, PREFETCH, BLOCK_K, LINE)
-    chain_wait(PDL)
+    # on the dependent chain (pdl.py): this share's first weight blocks (gated: the up rows too), the wait
+    chain_wait_rows(w_ptr + k_lo, offs_n, N, 2 * N if GLU else N, stride_wn, k_len, PDL, PREFETCH, BLOCK_K, LINE,
+                    GLU)
     acc, acc_up = _pair_dot(x_ptr + k_lo, w_ptr + k_lo, M, k_len, stride_xm, stride_wn, offs_n, N, n_mask,
                             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SWAP_AB, DOT_PRECISION, UPCAST_DOT, GLU)
     width = 2 * N if GLU else N  # a gated share keeps its gate sums, then its up sums
@@ -104,6 +102,5 @@ def launch_split(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         SPLIT=config.split, EVEN_K=k % config.block_k == 0,
         SWAP_AB=config.form == "swap", DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         UPCAST_DOT=_INTERPRET and x2.dtype != torch.float32, GLU=glu,
-        num_warps=config.warps, num_stages=config.stages, PDL=chained(x2.device),
-        PREFETCH=prefetch_blocks(x2.device), LINE=128 // weight.element_size(), launch_pdl=chained(x2.device),
+        num_warps=config.warps, num_stages=config.stages, **gemm_chain_launch(x2.device, weight),
     )
