@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from minedraft.bench import commands
 from minedraft.bench.client import generate_all
+from minedraft.bench.fp8_quantizer import quantize_model
 from minedraft.bench.gpu.pairs import SYNTHETIC_WORKERS, bench_pair
 from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic, load_synthetic
 from minedraft.cli.local_stack import LocalStack, StackConfig, free_port
@@ -40,6 +42,20 @@ def test_synthetic_spec_round_trips_and_rejects_what_it_cannot_build() -> None:
                 "synthetic:tiny:target:beta=1", "tiny:target"):
         with pytest.raises(ModelLoadError):
             SyntheticSpec.parse(bad)
+
+
+def test_an_fp8_member_is_the_bf16_member_quantized_and_its_draft_stays_bf16() -> None:
+    spec = SyntheticSpec("tiny", "target", 0.02, 2, 0.7, fp8="block")
+    assert str(spec).endswith(":agree=0.7:fp8=block") and SyntheticSpec.parse(str(spec)) == spec
+    assert spec.pair()[1].fp8 == "" and SyntheticSpec.parse("synthetic:tiny:draft:fp8=channel").pair()[0].fp8 == ""
+    with pytest.raises(ModelLoadError, match="fp8 is one of block, channel"):
+        SyntheticSpec.parse("synthetic:tiny:target:fp8=e5m2")
+    served = load_synthetic(str(spec), "cpu", torch.float32)
+    assert served.config.quantization is not None and served.config.quantization.scheme == "block"
+    quantized = quantize_model(build_synthetic(replace(spec, fp8=""), "cpu", torch.float32), "block")
+    plain = build_synthetic(replace(spec, fp8=""), "cpu", torch.float32)
+    assert torch.equal(logits(served, PROMPTS[1]), logits(quantized, PROMPTS[1]))
+    assert not torch.equal(logits(served, PROMPTS[1]), logits(plain, PROMPTS[1]))
 
 
 def test_the_product_loader_knows_no_synthetic_specs() -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from minedraft.bench.peaked_head import successors
 from minedraft.bench.synthetic_eagle import (
@@ -15,13 +16,15 @@ from minedraft.bench.synthetic_eagle import (
     head_runners,
     head_vocabulary,
     write_head,
+    write_synthetic_head,
 )
-from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic
+from minedraft.bench.synthetic_pair import SyntheticSpec, build_synthetic, synthetic_shared
 from minedraft.bundled import TINY_TARGET
+from minedraft.core.errors import ModelLoadError
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.engine.drafter import Drafter
-from minedraft.engine.eagle_pair import head_beside
+from minedraft.engine.eagle_pair import head_beside, head_drafter
 from minedraft.engine.llm_engine import EngineConfig, LLMEngine, Request
 from minedraft.engine.model import CausalLM
 from minedraft.engine.runner import ModelRunner
@@ -109,3 +112,30 @@ def test_the_written_folder_loads_as_the_same_head(tmp_path: Path) -> None:
     got = loaded.head_runner.forward_features([0], ids, features, [0], [6], [6], last_n=6)
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_a_bf16_head_written_and_loaded_by_a_draft_service_drafts_as_built(tmp_path: Path) -> None:
+    """In bf16 `fuse_projections` registers the head's own weights again under fused names: the folder still holds
+    the checkpoint's names, and a draft service builds what the head shares with a synthetic target itself."""
+    spec, _ = SyntheticSpec("tiny", "target", draft_layers=2, agree=0.7).pair()
+    target = build_synthetic(spec, "cpu", torch.bfloat16)
+    folder = write_synthetic_head(spec, 0.7, DRAFT_VOCAB, tmp_path / "head", "cpu", torch.bfloat16)
+    assert not [n for n in safe_open(str(folder / "model.safetensors"), "pt").keys() if n.endswith("_weight")]  # noqa: SIM118
+    served = head_drafter(folder, str(spec), 64, 16, "cpu", torch.bfloat16, synthetic_shared)
+    _, built = head_runners(target, build_synthetic_head(target, 0.7, DRAFT_VOCAB), 64)
+    ids = torch.tensor([[5, 9, 13, 4, 40, 41]])
+    features = torch.randn(1, 6, built.head_runner.head.eagle.feature_width, dtype=torch.bfloat16)
+    want = built.head_runner.forward_features([0], ids, features, [0], [6], [6], last_n=6)
+    got = served.head_runner.forward_features([0], ids, features, [0], [6], [6], last_n=6)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_what_a_synthetic_target_shares_is_its_own_embedding_and_head() -> None:
+    spec = SyntheticSpec("tiny", "target", 0.02, 2, 0.7)
+    target = build_synthetic(spec, "cpu", torch.bfloat16)
+    embed, lm_head, cfg = synthetic_shared(str(spec), "cpu", torch.bfloat16)
+    assert torch.equal(embed, target.model.embed_tokens.weight) and torch.equal(lm_head, target.lm_head.weight)
+    assert cfg.vocab_size == 512 and cfg.num_layers == 4
+    with pytest.raises(ModelLoadError, match="drafts for a target"):
+        synthetic_shared(str(SyntheticSpec("tiny", "draft", 0.02, 2, 0.7)), "cpu", torch.bfloat16)

@@ -11,7 +11,7 @@ from minedraft.cli.options import add_model_flags
 
 
 def int_list(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
+    return [int(x) for x in text.split(",") if x.strip()]  # "" is the empty list
 
 
 def add_ar_vs_sd_flags(p: argparse.ArgumentParser) -> None:

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import save_file
 
 from minedraft.bench.peaked_head import peaked_head, successors
-from minedraft.bench.synthetic_pair import _seeded_normal
+from minedraft.bench.synthetic_pair import SyntheticSpec, _seeded_normal, synthetic_shared
 from minedraft.engine.config import ModelConfig
 from minedraft.engine.eagle_config import EagleConfig, default_aux_layers
 from minedraft.engine.eagle_drafter import EagleDrafter
@@ -116,8 +116,21 @@ def _attention_copy(head: EagleHead) -> None:
 def build_synthetic_head(target: CausalLM, agree: float, draft_vocab: int = 0, seed: int = 0) -> EagleHead:
     """The head beside an in-memory synthetic target (its device and dtype; the embedding is copied, as
     the loader copies a target's). `seed` must be the target's, so both heads share pi where they agree."""
-    cfg = target.config
-    embedding = target.model.embed_tokens.weight
+    return head_for(target.config, target.model.embed_tokens.weight, agree, draft_vocab, seed)
+
+
+def write_synthetic_head(target: SyntheticSpec, agree: float, draft_vocab: int, folder: str | Path,
+                         device: str | torch.device, dtype: torch.dtype) -> Path:
+    """The head of a synthetic target, built from the target's embedding alone (on the device type and in the
+    dtype the target's services build it, so it is the same embedding) and written as a folder for the
+    services (`write_head`)."""
+    embedding, _, cfg = synthetic_shared(str(target), device, dtype)
+    return write_head(head_for(cfg, embedding, agree, draft_vocab), folder)
+
+
+def head_for(cfg: ModelConfig, embedding: torch.Tensor, agree: float, draft_vocab: int = 0, seed: int = 0
+             ) -> EagleHead:
+    """The head of the synthetic target with this config and embedding, on the embedding's device and dtype."""
     device, dtype = embedding.device, embedding.dtype
     eagle = head_config(cfg, draft_vocab)
     head = EagleHead.empty(eagle, device, dtype)
@@ -163,8 +176,10 @@ def write_head(head: EagleHead, folder: str | Path) -> Path:
               "transformer_layer_config": layer, "draft_vocab_size": eagle.draft_vocab_size,
               "norm_before_residual": eagle.norm_before_residual, "target_hidden_size": eagle.target_hidden_size,
               "eagle_aux_hidden_state_layer_ids": list(eagle.aux_layers)}
-    tensors = {name: p.detach().cpu().contiguous() for name, p in head.named_parameters()
-               if name != "embed_tokens.weight"}
+    # Checkpoint names only: where the GEMM takes a weight as it is, fuse_projections registers the same tensor
+    # again under a fused name (`fc_weight`, `o_weight`, ...), which would otherwise hide the checkpoint's name.
+    tensors = {name: p.detach().cpu().contiguous() for name, p in head.named_parameters(remove_duplicate=False)
+               if name != "embed_tokens.weight" and not name.rsplit(".", 1)[-1].endswith("_weight")}
     tensors["d2t"] = head.d2t.cpu().contiguous()
     ids = torch.arange(eagle.draft_vocab_size) + tensors["d2t"]
     tensors["t2d"] = torch.zeros(cfg.vocab_size, dtype=torch.bool).index_fill(0, ids, True)

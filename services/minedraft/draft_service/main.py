@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from minedraft.worker.settings import add_worker_flags
 
 if TYPE_CHECKING:
+    from minedraft.engine.eagle_loader import TargetShared
     from minedraft.worker.process import ModelLoader
 
 
@@ -17,7 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
+def run(args: argparse.Namespace, load: ModelLoader | None = None, shared: TargetShared | None = None) -> int:
+    """`load` builds --model (a draft model); `shared` gives an EAGLE head what it shares with --target-model
+    (default: read from the target's folder). The GPU benchmark injects both for its synthetic pair."""
     if args.supervise:
         return _supervised(args)
     # torch and the engine load here, not on import: `minedraft batch-manager`, whose image has
@@ -43,11 +46,12 @@ def run(args: argparse.Namespace, load: ModelLoader | None = None) -> int:
         return DraftExecutor(Drafter(runner), launch_ahead)
 
     def head_runner() -> ModelRunner:
+        from minedraft.engine.eagle_loader import target_shared
         from minedraft.engine.eagle_pair import head_drafter
         from minedraft.engine.loader import parse_dtype
 
         return head_drafter(args.model, args.target_model, args.num_blocks, args.block_size, args.device,
-                            parse_dtype(args.dtype)).runner
+                            parse_dtype(args.dtype), shared or target_shared).runner
 
     prepare_process(args, "draft service")
     return run_worker(args, "draft service", make_executor, load=load or load_model,

@@ -10,7 +10,7 @@ copied onto the head's device: the head needs them there, and the target may liv
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -24,6 +24,9 @@ from minedraft.engine.eagle_head import EagleHead
 RENAMES = (("midlayer.", "layers.0."), ("transformer.", "layers.0."), ("fusion_fc.", "fc."), ("model.", ""))
 SHARED = ("embed_tokens.weight", "lm_head.weight")  # from the target when the folder has none
 IGNORED = ("t2d", "rotary_emb.inv_freq")
+# What a head shares with its target, by the target's name, for a head on this device in this dtype:
+# (embedding, lm_head, the target's config); the head copies them onto its device in its dtype either way.
+TargetShared = Callable[[str | Path, str | torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor, ModelConfig]]
 
 
 def _tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -97,10 +100,10 @@ def load_eagle_head(folder: str | Path, target_embed: torch.Tensor, target_head:
     return head
 
 
-def load_head_for_target(folder: str | Path, target_folder: str | Path, device: str | torch.device = "cpu",
-                         dtype: torch.dtype = torch.float32) -> EagleHead:
-    """A draft service's load: the head plus only the target's embedding and lm_head (read from its
-    safetensors by name, never the whole target)."""
+def target_shared(target_folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+                  ) -> tuple[torch.Tensor, torch.Tensor, ModelConfig]:
+    """The target's embedding, lm_head (the embedding where they are tied) and config, read from its folder's
+    safetensors by name, never the whole target (as stored: the head copies them)."""
     from minedraft.engine.config import load_model_config
     from minedraft.engine.loader import safetensors_files
 
@@ -116,6 +119,15 @@ def load_head_for_target(folder: str | Path, target_folder: str | Path, device: 
     if embed is None:
         raise ModelLoadError(f"{target_folder}: no model.embed_tokens.weight to share with the EAGLE head")
     lm_head = wanted["lm_head.weight"] if wanted["lm_head.weight"] is not None else embed  # tied
+    return embed, lm_head, cfg
+
+
+def load_head_for_target(folder: str | Path, target_folder: str | Path, device: str | torch.device = "cpu",
+                         dtype: torch.dtype = torch.float32, shared: TargetShared = target_shared) -> EagleHead:
+    """A draft service's load: the head plus only what it shares with the target (`shared`: from the target's
+    folder; the GPU benchmark's synthetic target builds them instead)."""
+    embed, lm_head, cfg = shared(target_folder, device, dtype)
     head = load_eagle_head(folder, embed, lm_head, cfg, device, dtype)
-    head.source_dir = target_path
+    target_path = Path(target_folder)
+    head.source_dir = target_path if target_path.is_dir() else None
     return head

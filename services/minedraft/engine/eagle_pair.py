@@ -12,7 +12,7 @@ import torch
 
 from minedraft.engine.eagle_config import load_eagle_config
 from minedraft.engine.eagle_drafter import EagleDrafter
-from minedraft.engine.eagle_loader import load_eagle_head, load_head_for_target
+from minedraft.engine.eagle_loader import TargetShared, load_eagle_head, load_head_for_target, target_shared
 from minedraft.engine.eagle_runner import EagleRunner
 from minedraft.engine.hidden_capture import CapturingRunner
 from minedraft.engine.model import CausalLM
@@ -28,9 +28,9 @@ def capturing_runner(model: CausalLM, head_dir: str | Path, num_blocks: int, blo
 
 
 def head_drafter(head_dir: str | Path, target_dir: str | Path, num_blocks: int, block_size: int,
-                 device: str | torch.device, dtype: torch.dtype) -> EagleDrafter:
-    """A draft service's head: reads only the target's embedding and lm_head from its folder."""
-    head = load_head_for_target(head_dir, target_dir, device, dtype)
+                 device: str | torch.device, dtype: torch.dtype, shared: TargetShared = target_shared) -> EagleDrafter:
+    """A draft service's head: reads only the target's embedding and lm_head (from its folder by default)."""
+    head = load_head_for_target(head_dir, target_dir, device, dtype, shared)
     return EagleDrafter(EagleRunner(head, num_blocks, block_size, device))
 
 

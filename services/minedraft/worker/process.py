@@ -105,6 +105,18 @@ def worker_telemetry(args: argparse.Namespace, executor: StepExecutor) -> Worker
     return telemetry
 
 
+def describe_weights(runner: ModelRunner) -> str:
+    """What the worker serves, for its log: the model's class, layers, device and weight format (an FP8
+    checkpoint that loaded as FP8 says so)."""
+    model = runner.model
+    cfg = getattr(model, "config", None)
+    quant = getattr(cfg, "quantization", None)
+    dtype = next(model.parameters()).dtype
+    form = f"FP8 ({quant.scheme} scales), the rest {dtype}" if quant is not None else str(dtype)
+    layers = getattr(cfg, "num_layers", "?")
+    return f"{type(model).__name__} (decoder layers: {layers}) on {runner.device}, weights {form}"
+
+
 def run_worker(
     args: argparse.Namespace, name: str, make_executor: Callable[[ModelRunner], StepExecutor],
     tp: TPContext | None = None, load: ModelLoader = load_model,
@@ -113,7 +125,9 @@ def run_worker(
     """Load the model (`make_runner` when the runner is not the plain one), serve the control plane until a
     signal, then drain: keep serving the connected batch manager until it closes its stream (it drains
     first), and exit 0."""
-    executor = make_executor(make_runner() if make_runner is not None else load_runner(args, tp, load))
+    runner = make_runner() if make_runner is not None else load_runner(args, tp, load)
+    logging.info("%s: %s", name, describe_weights(runner))
+    executor = make_executor(runner)
     server = serve_worker(executor, args.host, args.port, worker_telemetry(args, executor), args.health_host,
                           args.health_port)
     probes = f", health also on {args.health_host}:{args.health_port}" if args.health_port else ""

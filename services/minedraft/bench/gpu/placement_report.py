@@ -33,15 +33,25 @@ def per_batch(row: dict, side: str) -> float:
     return row.get(f"{side}_ms_per_batch", row[f"{side}_ms"])
 
 
+def level_of(row: dict) -> tuple[str, str, float]:
+    """A row's level: the target's weights, what drafted, the acceptance goal (older rows: bf16, the draft model)."""
+    return row.get("weights", "bf16"), row.get("drafter", "model"), row["goal"]
+
+
+def level_name(level: tuple[str, str, float]) -> str:
+    weights, drafter, goal = level
+    return " ".join([str(goal), *([weights] if weights != "bf16" else []), *(["EAGLE"] if drafter == "eagle" else [])])
+
+
 def summary_lines(rows: list[dict]) -> list[str]:
     cells: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in rows:
-        key = (r["goal"], r["m"]) if r["config"] == "AR" else (r["goal"], r["k"], r["m"])
+        key = (level_of(r), r["m"]) if r["config"] == "AR" else (level_of(r), r["k"], r["m"])
         cells[key][r["config"]] = r
-    out = ["| acceptance goal | k | m | acceptance | AR | SD colocated (N GPUs) | SD-2GPU | PSD m/2+m/2 | PSD m+m | "
+    out = ["| level | k | m | acceptance | AR | SD colocated (N GPUs) | SD-2GPU | PSD m/2+m/2 | PSD m+m | "
            "PSD m+m / SD coloc. | per GPU | equal conc. | rows = AR |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    anatomy = ["| acceptance goal | k | m | verify ms per batch, SD-2GPU | same, PSD m+m | PSD/SD verify | "
+    anatomy = ["| level | k | m | verify ms per batch, SD-2GPU | same, PSD m+m | PSD/SD verify | "
                "draft ms per batch, SD-2GPU | same, PSD m+m | step ms PSD m+m | overlap eff. | verifier waits ms |",
                "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(k for k in cells if len(k) == 3):
@@ -52,25 +62,39 @@ def summary_lines(rows: list[dict]) -> list[str]:
             continue
         ar = cells.get((goal, m), {}).get("AR")
         acc = (col or full or {}).get("acceptance", 0.0)
-        out.append(f"| {goal} | {k} | {m} | {acc:.3f} | {rate(ar)} | {rate(col)} | {rate(sd2)} | {rate(half)} | "
+        out.append(f"| {level_name(goal)} | {k} | {m} | {acc:.3f} | {rate(ar)} | {rate(col)} | {rate(sd2)} | "
+                   f"{rate(half)} | "
                    f"{rate(full)} | **{ratio(full, col)}** | {ratio(full, col, True)} | {ratio(half, col)} | "
                    f"{exact([col, sd2, half, full])} |")
         if sd2 is not None and full is not None:
             sd_verify, psd_verify = per_batch(sd2, "verify"), per_batch(full, "verify")
-            anatomy.append(f"| {goal} | {k} | {m} | {sd_verify:.2f} | {psd_verify:.2f} | "
+            anatomy.append(f"| {level_name(goal)} | {k} | {m} | {sd_verify:.2f} | {psd_verify:.2f} | "
                            f"{psd_verify / max(sd_verify, 1e-9):.2f}x | {per_batch(sd2, 'draft'):.2f} | "
                            f"{per_batch(full, 'draft'):.2f} | {full['step_ms']:.2f} | "
                            f"{full['overlap_efficiency']:.2f} | {full['verify_wait_ms']:.2f} |")
-    auto = ["| acceptance goal | m | fixed k: tok/s | best fixed k | auto: tok/s | auto / best fixed |",
+    auto = ["| level | m | fixed k: tok/s | best fixed k | auto: tok/s | auto / best fixed |",
             "|---|---|---|---|---|---|"]
-    for goal, m in sorted({(r["goal"], r["m"]) for r in rows if r["config"] == "PSD m+m auto"}):
-        fixed = {r["k"]: r for r in rows if r["goal"] == goal and r["m"] == m and r["config"] == "PSD m+m"}
-        a = next(r for r in rows if r["goal"] == goal and r["m"] == m and r["config"] == "PSD m+m auto")
+    for level, m in sorted({(level_of(r), r["m"]) for r in rows if r["config"] == "PSD m+m auto"}):
+        fixed = {r["k"]: r for r in rows if level_of(r) == level and r["m"] == m and r["config"] == "PSD m+m"}
+        a = next(r for r in rows if level_of(r) == level and r["m"] == m and r["config"] == "PSD m+m auto")
         if not fixed:
             continue
         best = max(fixed.values(), key=lambda r: r["tokens_per_s"])
         listed = ", ".join(f"k={k}: {rate(r)}" for k, r in sorted(fixed.items()))
-        auto.append(f"| {goal} | {m} | {listed} | {best['k']} | {rate(a)} | **{ratio(a, best)}** |")
-    return ["Throughput, tokens/s: median of the repetitions (min-max).", "", *out, "",
+        auto.append(f"| {level_name(level)} | {m} | {listed} | {best['k']} | {rate(a)} | **{ratio(a, best)}** |")
+    tetris = ["| level | k | m | placement | AR | fixed k | TETRIS | TETRIS / fixed k | TETRIS / AR | acceptance, "
+              "TETRIS | rows = AR |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(k for k in cells if len(k) == 3):
+        level, k, m = key
+        ar = cells.get((level, m), {}).get("AR")
+        for placement in ("SD colocated", "PSD m+m"):
+            fixed, chosen = cells[key].get(placement), cells[key].get(f"{placement} TETRIS")
+            if chosen is not None:
+                tetris.append(f"| {level_name(level)} | {k} | {m} | {placement} | {rate(ar)} | {rate(fixed)} | "
+                              f"{rate(chosen)} | **{ratio(chosen, fixed)}** | {ratio(chosen, ar)} | "
+                              f"{chosen['acceptance']:.3f} | {exact([fixed, chosen])} |")
+    return ["Throughput, tokens/s: median of the repetitions (min-max); a level is the acceptance goal, with the "
+            "target's weights and EAGLE where they are not bf16 and the draft model.", "", *out, "",
             "Verify inside PSD against the same batch's verify in sequential SD (draft on its own GPU):", "",
-            *anatomy, "", "Adaptive k (auto) against fixed k, PSD m+m:", "", *auto]
+            *anatomy, "", "Adaptive k (auto) against fixed k, PSD m+m:", "", *auto, "",
+            "TETRIS selection against fixed k (PSD m+m: twice the concurrency of AR's m):", "", *tetris]

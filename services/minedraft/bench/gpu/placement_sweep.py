@@ -3,9 +3,11 @@
 For each acceptance level, on the peaked synthetic 8B pair (`:agree=A`, greedy margins far above bf16
 rounding, so every configuration's greedy output must equal AR's): AR and SD colocated on GPU 0
 (one verifier with the draft beside the target), SD with the draft on GPU 1, PSD at equal (m/2+m/2)
-and doubled (m+m) concurrency, and auto (adaptive k) against fixed k. Every cell is warmed up at its
-own shape and timed `--reps` times (placements.py). Writes results.json and results.md under --out
-after every cell, and prints the summary last.
+and doubled (m+m) concurrency, and auto (adaptive k) against fixed k; at `--tetris-ms` also SD colocated
+and PSD m+m with TETRIS selection. Each level runs once per target weight format (`--weights`: bf16, FP8)
+and drafter (`--drafters`: the draft model, or a synthetic EAGLE-3 head; sweep_pairs.py). Every cell is
+warmed up at its own shape and timed `--reps` times (placements.py). Writes results.json and results.md
+under --out after every cell, and prints the summary last.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from minedraft.bench.gpu.placements import (
     split_stack,
     start_together,
 )
+from minedraft.bench.gpu.sweep_pairs import DRAFTERS, WEIGHTS, level_pair
 from minedraft.bench.gpu.timing import log
 from minedraft.bench.peaked_head import agree_for_acceptance
-from minedraft.bench.synthetic_pair import SyntheticSpec
-from minedraft.bench.workload import random_prompts
+from minedraft.bundled import TINY_TARGET
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="N: the target over GPUs 0..N-1 in both placements; the draft service on GPU N")
     p.add_argument("--colocated-only", action="store_true",
                    help="one GPU: AR and SD colocated only (no draft service, no PSD)")
+    p.add_argument("--weights", default="bf16", help=f"the target's formats, a level each: {', '.join(WEIGHTS)}")
+    p.add_argument("--drafters", default="model", help=f"what drafts, a level each: {', '.join(DRAFTERS)}")
+    p.add_argument("--eagle-vocab", type=int, default=32000, help="the EAGLE head's draft vocabulary (0: the target's)")
+    p.add_argument("--tetris-ms", type=int_list, default=[], help="m of SD colocated and PSD m+m with TETRIS selection")
+    p.add_argument("--tetris-extra", type=int, default=0, help="TETRIS: drafts per sequence beyond k")
+    p.add_argument("--device-type", default="cuda", help="where the services build the models (cpu: a CPU check)")
+    p.add_argument("--tokenizer", default=str(TINY_TARGET),
+                   help="the batch manager's tokenizer folder (no more ids than the shape's vocabulary)")
     return p
 
 
@@ -65,6 +75,7 @@ class Sweep:
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.results: dict = {"args": vars(args), "rows": [], "errors": []}
+        self.ar_outputs: dict[int, list[list[int]]] = {}  # the level's AR outputs by m: every cell's reference
 
     def time_left(self) -> bool:
         return time.monotonic() - self.started < self.args.deadline_s
@@ -74,9 +85,9 @@ class Sweep:
         (self.out / "results.md").write_text("\n".join(summary_lines(self.results["rows"])) + "\n")
 
     def cell(self, stack, config: str, mode: str, k: int, prompts: list[list[int]], gpus: int, tags: dict,
-             reference: list[list[int]] | None) -> list[list[int]]:
+             reference: list[list[int]] | None, policy: dict | None = None) -> list[list[int]]:
         # Every width auto may reach was captured when level() started the stacks (capture_k).
-        row, outputs = measure(stack, mode, k, prompts, self.args.max_tokens, self.args.reps)
+        row, outputs = measure(stack, mode, k, prompts, self.args.max_tokens, self.args.reps, policy=policy)
         row.update(config=config, mode=mode, k=k, gpus=gpus, **tags)
         if reference is not None:
             row.update(agreement(outputs, reference))
@@ -90,27 +101,32 @@ class Sweep:
             f"{row['draft_ms']:.2f}, verify {row['verify_ms']:.2f}), acceptance {row['acceptance']:.3f}{exact}")
         return outputs
 
-    def level(self, goal: float, full: bool) -> None:
+    def level(self, goal: float, full: bool, weights: str = "bf16", drafter: str = "model") -> None:
         a = self.args
         agree = agree_for_acceptance(goal)
-        target, draft = SyntheticSpec(a.shape, "target", a.alpha, a.draft_layers, agree).pair()
-        pair = PairSpecs(str(target), str(draft))
         ks, ms = (a.ks, a.ms) if full else (a.small_ks, a.small_ms)
-        prompts = random_prompts(2 * max(ms + a.auto_ms), seed=13)
-        seqs = 2 * max(ms + a.auto_ms)
+        seqs = 2 * max(ms + a.auto_ms + a.tetris_ms)
+        made = level_pair(a.shape, a.alpha, a.draft_layers, agree, weights, drafter, seqs, a.eagle_vocab,
+                          f"{a.device_type}:0" if a.device_type == "cuda" else a.device_type)
+        pair, prompts = PairSpecs(made.target, made.draft, made.draft_kind, a.tokenizer), made.prompts
         widest = max([*ks, *a.auto_fixed_ks, a.auto_k_max])  # every shape any cell uses, captured at start-up
-        colocated = colocated_stack(pair, a.num_blocks, seqs, a.tp_size, capture_k=widest)
-        split = None if a.colocated_only else split_stack(pair, a.num_blocks, seqs, a.tp_size, capture_k=widest)
+        colocated = colocated_stack(pair, a.num_blocks, seqs, a.tp_size, capture_k=widest, device_type=a.device_type)
+        split = None if a.colocated_only else split_stack(pair, a.num_blocks, seqs, a.tp_size, capture_k=widest,
+                                                          device_type=a.device_type)
         n = a.tp_size
-        tags = {"goal": goal, "agree": agree, "tp_size": a.tp_size}
+        tags = {"goal": goal, "agree": agree, "tp_size": a.tp_size, "weights": weights, "drafter": drafter}
+        self.ar_outputs = {}
+        self.results.setdefault("levels", []).append(
+            {**tags, "target": pair.target, "draft": pair.draft, "logs": {
+                "colocated": str(colocated.cfg.log_dir), "split": str(split.cfg.log_dir) if split else ""}})
         try:
             t0 = time.monotonic()
             start_together(colocated, split)
-            log(f"level {goal} (agree {agree}): both stacks ready in {time.monotonic() - t0:.0f} s")
+            log(f"level {goal} (agree {agree}, {weights}, {drafter}): stacks ready in {time.monotonic() - t0:.0f} s")
             for m in ms:
                 if not self.time_left():
                     break
-                ar = self.cell(colocated, "AR", "ar", 1, prompts[:m], n, {**tags, "m": m}, None)
+                ar = self.ar_outputs[m] = self.cell(colocated, "AR", "ar", 1, prompts[:m], n, {**tags, "m": m}, None)
                 for k in ks:
                     if not self.time_left():
                         break
@@ -128,9 +144,11 @@ class Sweep:
                 if self.time_left():
                     self.cell(split, "PSD m+m auto", "auto", a.auto_k_max, prompts[: 2 * m], n + 1,
                               {**tags, "m": m}, None)
+            self.tetris_cells(colocated, split, ks, ms, prompts, tags)
         except Exception as exc:  # keep what was measured; say what broke
-            log(f"level {goal} failed: {exc!r}")
-            self.results["errors"].append({"goal": goal, "error": repr(exc), "colocated": log_tails(colocated),
+            log(f"level {goal} ({weights}, {drafter}) failed: {exc!r}")
+            self.results["errors"].append({"goal": goal, "weights": weights, "drafter": drafter, "error": repr(exc),
+                                           "colocated": log_tails(colocated),
                                            "split": log_tails(split) if split is not None else {}})
         finally:
             colocated.stop(grace=20)
@@ -138,13 +156,36 @@ class Sweep:
                 split.stop(grace=20)
             self.save()
 
+    def tetris_cells(self, colocated, split, ks: list[int], measured_ms: list[int], prompts: list[list[int]],
+                     tags: dict) -> None:
+        """At each --tetris-ms m and k: SD colocated and PSD m+m with TETRIS selection, beside the same cells with
+        fixed k and AR (measured here unless the level's grid has this m already)."""
+        tetris = {"draft_selection": "tetris", "tetris_extra": self.args.tetris_extra, "tetris_min_batch": 1}
+        n = self.args.tp_size
+        for m in self.args.tetris_ms:
+            if not self.time_left():
+                return
+            t = {**tags, "m": m}
+            fresh = m not in measured_ms
+            ar = self.cell(colocated, "AR", "ar", 1, prompts[:m], n, t, None) if fresh else self.ar_outputs[m]
+            for k in ks:
+                for config, stack, mode, rows, gpus in (("SD colocated", colocated, "sd", m, n),
+                                                        ("PSD m+m", split, "psd", 2 * m, n + 1)):
+                    if stack is None or not self.time_left():
+                        continue
+                    if fresh:
+                        self.cell(stack, config, mode, k, prompts[:rows], gpus, t, ar)
+                    self.cell(stack, f"{config} TETRIS", mode, k, prompts[:rows], gpus, t, ar, tetris)
+
     def run(self) -> int:
         goals = [float(g) for g in self.args.acceptance.split(",")]
-        for i, goal in enumerate(goals):
-            if not self.time_left():
-                log(f"deadline reached: level {goal} not measured")
-                break
-            self.level(goal, full=i == 0)
+        levels = [(w, d) for w in self.args.weights.split(",") if w for d in self.args.drafters.split(",") if d]
+        for weights, drafter in levels:
+            for i, goal in enumerate(goals):
+                if not self.time_left():
+                    log(f"deadline reached: level {goal} ({weights}, {drafter}) not measured")
+                    break
+                self.level(goal, full=i == 0, weights=weights, drafter=drafter)
         self.save()
         print("\n".join(summary_lines(self.results["rows"])), flush=True)
         return 0

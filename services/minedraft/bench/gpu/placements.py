@@ -29,7 +29,9 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": 
 @dataclass(frozen=True, slots=True)
 class PairSpecs:
     target: str
-    draft: str
+    draft: str  # the draft model, or with draft_kind "eagle" an EAGLE head's folder
+    draft_kind: str = "model"
+    tokenizer: str = str(TINY_TARGET)  # the bundled tiny target's: its 2048 ids fit the 8B shape's vocabulary
 
 
 def capture_env(max_num_seqs: int, capture_k: int) -> dict[str, str]:
@@ -37,28 +39,38 @@ def capture_env(max_num_seqs: int, capture_k: int) -> dict[str, str]:
     return {"MINEDRAFT_CAPTURE_BATCH": str(max_num_seqs), "MINEDRAFT_CAPTURE_K": str(capture_k)} if capture_k else {}
 
 
+def devices(device_type: str, tp_size: int) -> tuple[str, str]:
+    """(the target's devices, comma-separated by rank; the draft service's device): on CUDA the target over GPUs
+    0..N-1 and the draft on GPU N; on the CPU (a check of the code a device call runs) everything on the CPU."""
+    if device_type == "cpu":
+        return ",".join(["cpu"] * tp_size), "cpu"
+    return ",".join(f"cuda:{r}" for r in range(tp_size)), f"cuda:{tp_size}"
+
+
 def colocated_stack(pair: PairSpecs, num_blocks: int, max_num_seqs: int, tp_size: int = 1,
-                    capture_k: int = 0) -> LocalStack:
-    """SD colocated on N = tp_size GPUs: the target over GPUs 0..N-1, the draft beside rank 0."""
+                    capture_k: int = 0, device_type: str = "cuda") -> LocalStack:
+    """SD colocated on N = tp_size GPUs: the target over GPUs 0..N-1, the draft (or head) beside rank 0."""
+    target_device, _ = devices(device_type, tp_size)
     cfg = StackConfig(target=pair.target, draft=pair.draft, worker_module=SYNTHETIC_WORKERS, grpc_port=free_port(),
-                      http_port=free_port(), tp_size=tp_size,
-                      target_device=",".join(f"cuda:{r}" for r in range(tp_size)), mode="sd", k=4, threads=4,
+                      http_port=free_port(), tp_size=tp_size, target_device=target_device, mode="sd", k=4, threads=4,
                       max_num_seqs=max_num_seqs, num_blocks=num_blocks, dtype="bfloat16",
-                      tokenizer=str(TINY_TARGET), log_dir=Path(tempfile.mkdtemp(prefix="minedraft_colocated_")),
-                      extra_env=capture_env(max_num_seqs, capture_k),
+                      tokenizer=pair.tokenizer, log_dir=Path(tempfile.mkdtemp(prefix="minedraft_colocated_")),
+                      extra_env=capture_env(max_num_seqs, capture_k), draft_kind=pair.draft_kind,
                       process_env={"verifier": {"MINEDRAFT_COLOCATED_DRAFT": pair.draft}})
     return LocalStack(cfg)
 
 
 def split_stack(pair: PairSpecs, num_blocks: int, max_num_seqs: int, tp_size: int = 1,
-                capture_k: int = 0) -> LocalStack:
+                capture_k: int = 0, device_type: str = "cuda") -> LocalStack:
+    """The verifier on GPUs 0..N-1, the draft service on GPU N, the NCCL data plane (gloo on the CPU)."""
+    target_device, draft_device = devices(device_type, tp_size)
+    cuda = device_type == "cuda"
     cfg = StackConfig(target=pair.target, draft=pair.draft, worker_module=SYNTHETIC_WORKERS, grpc_port=free_port(),
-                      http_port=free_port(), tp_size=tp_size,
-                      target_device=",".join(f"cuda:{r}" for r in range(tp_size)), draft_device=f"cuda:{tp_size}",
+                      http_port=free_port(), tp_size=tp_size, target_device=target_device, draft_device=draft_device,
                       mode="psd", k=4, threads=4, max_num_seqs=max_num_seqs, num_blocks=num_blocks,
-                      dtype="bfloat16", data_plane_backend="nccl", tokenizer=str(TINY_TARGET),
-                      extra_env={**NCCL_ENV, **capture_env(max_num_seqs, capture_k)},
-                      log_dir=Path(tempfile.mkdtemp(prefix="minedraft_split_")))
+                      dtype="bfloat16", data_plane_backend="nccl" if cuda else "gloo", tokenizer=pair.tokenizer,
+                      extra_env={**(NCCL_ENV if cuda else {}), **capture_env(max_num_seqs, capture_k)},
+                      draft_kind=pair.draft_kind, log_dir=Path(tempfile.mkdtemp(prefix="minedraft_split_")))
     return LocalStack(cfg)
 
 
@@ -84,14 +96,17 @@ def log_tails(stack: LocalStack, lines: int = 20) -> dict[str, list[str]]:
 
 
 def measure(stack: LocalStack, mode: str, k: int, prompts: list[list[int]], max_tokens: int | Sequence[int],
-            reps: int, pipeline_depth: int = 2, max_num_seqs: int = 0) -> tuple[dict, list[list[int]]]:
+            reps: int, pipeline_depth: int = 2, max_num_seqs: int = 0, policy: dict[str, object] | None = None
+            ) -> tuple[dict, list[list[int]]]:
     """One cell: policy, one full warm-up run, `reps` timed runs. Returns the row and the first run's outputs.
-    `max_num_seqs`: the batch's bound (0: every prompt at once; fewer: the rest queue for a place). A stack
+    `max_num_seqs`: the batch's bound (0: every prompt at once; fewer: the rest queue for a place); `policy`:
+    further policy fields (draft_selection is fixed unless it says otherwise, e.g. tetris). A stack
     started with `capture_k` has every width auto may pick captured already; the row's `graph_capture_ms`
     says whether a timed run captured anything."""
     cfg = stack.cfg
     seqs = max_num_seqs or len(prompts)
-    put_policy(stack.admin_port, mode=mode, k=k, max_num_seqs=seqs, pipeline_depth=pipeline_depth)
+    put_policy(stack.admin_port, mode=mode, k=k, max_num_seqs=seqs, pipeline_depth=pipeline_depth,
+               **{"draft_selection": "fixed", **(policy or {})})
     asyncio.run(generate_all(cfg.grpc_port, prompts, max_tokens))  # warm-up at this cell's own shape
     before = fetch_status(cfg.http_port)
     rates: list[float] = []

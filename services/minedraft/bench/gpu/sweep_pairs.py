@@ -1,0 +1,54 @@
+"""What one level of the placement sweep drafts with: the synthetic target in a weight format, and a draft
+model or a synthetic EAGLE-3 head of it, with the prompts that suit that drafter.
+
+- weights: `bf16`, or `fp8` / `fp8-channel` (the target's projections quantized in memory by each service
+  that builds it, `SyntheticSpec.fp8`); the draft model stays bf16, as a checkpoint's draft has its own config.
+- drafter: `model` (the pair's draft model: the target's first layers) or `eagle` (a head built from the
+  target's embedding, `bench/synthetic_eagle.py`, written to a folder the services load; its draft service
+  builds what the head shares with the synthetic target itself). The head's prompts are drawn from the
+  tokens whose greedy path stays inside its reduced vocabulary, so its acceptance is its agreement's.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from minedraft.bench.synthetic_pair import SHAPES, SyntheticSpec
+from minedraft.bench.workload import random_prompts
+
+WEIGHTS = {"bf16": "", "fp8": "block", "fp8-channel": "channel"}  # the target's format -> SyntheticSpec.fp8
+DRAFTERS = ("model", "eagle")
+PROMPT_LEN = 32
+
+
+@dataclass(frozen=True, slots=True)
+class LevelPair:
+    target: str  # the target's synthetic spec
+    draft: str  # the draft model's spec, or the EAGLE head's folder
+    draft_kind: str  # "model" | "eagle" (StackConfig.draft_kind)
+    prompts: list[list[int]]
+
+
+def level_pair(shape: str, alpha: float, draft_layers: int, agree: float, weights: str, drafter: str, count: int,
+               draft_vocab: int, head_device: str = "cuda:0", seed: int = 13) -> LevelPair:
+    """The level's pair and `count` prompts. An EAGLE head is built on `head_device` (the device type the target's
+    services build on, so that it reads the same embedding) and written to a fresh folder."""
+    if weights not in WEIGHTS or drafter not in DRAFTERS:
+        raise ValueError(f"weights {weights!r} (one of {', '.join(WEIGHTS)}), drafter {drafter!r} "
+                         f"(one of {', '.join(DRAFTERS)})")
+    target, draft = SyntheticSpec(shape, "target", alpha, draft_layers, agree).pair()
+    target = replace(target, fp8=WEIGHTS[weights])
+    if drafter == "model":
+        return LevelPair(str(target), str(draft), "model", random_prompts(count, PROMPT_LEN, seed=seed))
+    from minedraft.bench.synthetic_eagle import head_prompts, head_vocabulary, write_synthetic_head
+
+    folder = Path(tempfile.mkdtemp(prefix="minedraft_eagle_head_"))
+    write_synthetic_head(target, agree, draft_vocab, folder, head_device, torch.bfloat16)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the services get the GPU's memory back
+    closed = head_vocabulary(SHAPES[shape].vocab_size, draft_vocab, 0).closed
+    return LevelPair(str(target), str(folder), "eagle", head_prompts(closed, count, PROMPT_LEN, seed=seed))
