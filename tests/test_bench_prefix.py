@@ -11,7 +11,17 @@ import asyncio
 import pytest
 
 from minedraft.bench import chunked_prefill, prefix_cache
-from minedraft.bench.arm_stacks import Arm, cpu_stack, prefix_stats, start_all, stats_delta, stop_all
+from minedraft.bench.arm_stacks import (
+    Arm,
+    build,
+    colocated,
+    cpu_stack,
+    placed,
+    prefix_stats,
+    start_all,
+    stats_delta,
+    stop_all,
+)
 from minedraft.bench.client import fetch_status
 from minedraft.bench.latency import gaps, overlapping, percentile
 from minedraft.bench.prompt_corpus import Corpus
@@ -103,3 +113,23 @@ def test_workloads_on_a_real_stack(corpus: Corpus) -> None:
         assert row["gap_p50_all_ms"] > 0 and row["long_ttft_p50_ms"] > 0
     finally:
         stop_all([stack])
+
+
+@pytest.mark.parametrize("placement", ["colocated", "psd"])
+def test_the_gpu_arms_stacks_place_the_pair_as_asked(placement: str) -> None:
+    """What each arm of `bench prefix-cache --device cuda` starts (no process here: the configs it would run)."""
+    arms = [Arm("on"), Arm("off", enable_prefix_caching=False, max_num_batched_tokens=512)]
+    on, off = build("cuda", arms, 64, 4096, 0.7, placement)
+    assert (on.cfg.enable_prefix_caching, off.cfg.enable_prefix_caching) == (True, False)
+    assert off.cfg.max_num_batched_tokens == 512
+    for stack in (on, off):
+        assert stack.cfg.target_device == "cuda:0" and stack.cfg.target.startswith("synthetic:llama3-8b:target")
+        assert stack.cfg.extra_env["MINEDRAFT_CAPTURE_K"] == "4"
+        if placement == "psd":
+            assert not colocated(stack) and stack.cfg.mode == "psd" and stack.cfg.draft_device == "cuda:1"
+            assert stack.cfg.data_plane_backend == "nccl" and stack.cfg.extra_env["NCCL_NVLS_ENABLE"] == "0"
+        else:
+            assert colocated(stack) and stack.cfg.mode == "sd"
+    args = argparse.Namespace(device="cuda", placement=placement)
+    assert placed(args) == {"colocated": "device cuda, SD colocated on one GPU",
+                            "psd": "device cuda, PSD: verifier on GPU 0, draft service on GPU 1"}[placement]

@@ -3,9 +3,10 @@ together and stopped together, so no arm inherits another's warm cache and the m
 
 - cpu: the bundled tiny pair in PSD, verifier and draft service pinned to cores 0 and 1 with one torch
   thread each, as `minedraft bench psd` runs it;
-- cuda: one GPU, standard SD with the draft model beside the target in the verifier (PSD needs the draft
-  on a second GPU), the peaked synthetic Llama-3-8B-shaped pair in bf16 at a set acceptance, every CUDA
-  graph captured at start-up so no timed request pays for a capture.
+- cuda: the peaked synthetic Llama-3-8B-shaped pair in bf16 at a set acceptance, every CUDA graph captured
+  at start-up so no timed request pays for a capture; placed `colocated` (one GPU, standard SD with the draft
+  model beside the target in the verifier) or `psd` (the verifier on GPU 0, the draft service on GPU 1, PSD
+  over NCCL: each arm's stack takes both GPUs, the idle one waiting on its plan streams).
 An idle stack's workers wait on their plan streams, so the arm not being measured costs the other nothing.
 """
 
@@ -46,21 +47,32 @@ def cpu_stack(arm: Arm, max_num_seqs: int, num_blocks: int) -> LocalStack:
     return LocalStack(cfg)
 
 
-def cuda_stack(arm: Arm, max_num_seqs: int, num_blocks: int, acceptance: float) -> LocalStack:
-    from minedraft.bench.gpu.placements import PairSpecs, colocated_stack
+def cuda_stack(arm: Arm, max_num_seqs: int, num_blocks: int, acceptance: float, placement: str = "colocated"
+               ) -> LocalStack:
+    from minedraft.bench.gpu.placements import PairSpecs, colocated_stack, split_stack
     from minedraft.bench.peaked_head import agree_for_acceptance
     from minedraft.bench.synthetic_pair import SyntheticSpec
 
     target, draft = SyntheticSpec("llama3-8b", "target", 0.02, 4, agree_for_acceptance(acceptance, SD_K)).pair()
-    stack = colocated_stack(PairSpecs(str(target), str(draft)), num_blocks, max_num_seqs, capture_k=SD_K)
+    place = {"colocated": colocated_stack, "psd": split_stack}[placement]
+    stack = place(PairSpecs(str(target), str(draft)), num_blocks, max_num_seqs, capture_k=SD_K)
     stack.cfg.enable_prefix_caching = arm.enable_prefix_caching
     stack.cfg.max_num_batched_tokens = arm.max_num_batched_tokens
     return stack
 
 
-def build(device: str, arms: list[Arm], max_num_seqs: int, num_blocks: int, acceptance: float) -> list[LocalStack]:
+def placed(args: argparse.Namespace) -> str:
+    """Where the arms ran, for the benchmark's header line."""
+    if args.device != "cuda":
+        return "device cpu (PSD on two cores)"
+    return {"colocated": "device cuda, SD colocated on one GPU",
+            "psd": "device cuda, PSD: verifier on GPU 0, draft service on GPU 1"}[args.placement]
+
+
+def build(device: str, arms: list[Arm], max_num_seqs: int, num_blocks: int, acceptance: float,
+          placement: str = "colocated") -> list[LocalStack]:
     if device == "cuda":
-        return [cuda_stack(arm, max_num_seqs, num_blocks, acceptance) for arm in arms]
+        return [cuda_stack(arm, max_num_seqs, num_blocks, acceptance, placement) for arm in arms]
     return [cpu_stack(arm, max_num_seqs, num_blocks) for arm in arms]
 
 
@@ -72,7 +84,8 @@ def compare(args: argparse.Namespace, arms: list[Arm], max_num_seqs: int, warm_u
             workload: Callable[[], W], measure: Callable[[LocalStack, W], dict]) -> dict[str, list[dict]]:
     """One stack per arm, each warmed up; then every round a fresh `workload()` measured on every arm, the
     arms' order alternating. Returns each arm's results, round by round."""
-    stacks = build(args.device, arms, max_num_seqs, args.num_blocks, args.acceptance)
+    stacks = build(args.device, arms, max_num_seqs, args.num_blocks, args.acceptance,
+                   getattr(args, "placement", "colocated"))
     raw: dict[str, list[dict]] = {arm.name: [] for arm in arms}
     exit_on_sigterm()
     started = time.perf_counter()

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from minedraft.bench import flags
-from minedraft.bench.arm_stacks import Arm, compare, flags_of
+from minedraft.bench.arm_stacks import Arm, compare, flags_of, placed
 from minedraft.bench.latency import ms, overlapping, percentile, seconds
 from minedraft.bench.prompt_corpus import Corpus
 from minedraft.bench.sse_client import StreamRecord, completion_body, http_client, model_name, stream
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
                   lambda stack, work: asyncio.run(run_round(stack.cfg.http_port, *work, args)))
     matched, compared = same_outputs(raw[sides[0].name], raw[sides[1].name])
     rows = [summarize(arm.name, raw[arm.name]) for arm in sides]
-    print(f"device {args.device}; {args.rounds} round(s), arms alternating; {args.streams} streams of "
+    print(f"{placed(args)}; {args.rounds} round(s), arms alternating; {args.streams} streams of "
           f"{STREAM_PROMPT}-token prompts decoding {args.stream_tokens} tokens; {args.long_prompts} long prompts of "
           f"{args.long_tokens} tokens ({args.long_max_tokens} tokens out) one at a time, the first "
           f"{args.settle_ms} ms after the streams, each next {args.pause_ms} ms after the previous one's first token")

@@ -99,7 +99,10 @@ def add_kernel_timing_flags(p: argparse.ArgumentParser) -> None:
 def add_serving_arms_flags(p: argparse.ArgumentParser) -> None:
     """What the two-arm serving benchmarks share (bench/arm_stacks.py); a 0 takes the device's default."""
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                   help="cpu: the tiny pair in PSD on two cores; cuda: one GPU, SD colocated, synthetic 8B pair")
+                   help="cpu: the tiny pair in PSD on two cores; cuda: the synthetic 8B pair (--placement)")
+    p.add_argument("--placement", choices=["colocated", "psd"], default="colocated",
+                   help="cuda: colocated (one GPU, SD with the draft beside the target) or psd (the verifier on GPU 0, "
+                        "the draft service on GPU 1, PSD over NCCL)")
     p.add_argument("--rounds", type=int, default=1, help="rounds on fresh prompts, the arms' order alternating")
     p.add_argument("--acceptance", type=float, default=0.7, help="cuda: the synthetic pair's acceptance at k=4")
     p.add_argument("--num-blocks", type=int, default=0, help="KV blocks per model (0: the benchmark's default)")

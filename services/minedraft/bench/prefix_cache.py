@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 
 from minedraft.bench import flags
-from minedraft.bench.arm_stacks import Arm, compare, flags_of, prefix_stats, stats_delta
+from minedraft.bench.arm_stacks import Arm, compare, flags_of, placed, prefix_stats, stats_delta
 from minedraft.bench.client import fetch_status
 from minedraft.bench.latency import ms, percentile, seconds
 from minedraft.bench.prompt_corpus import Corpus
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     matched, compared = same_outputs(raw[ARMS[0].name], raw[ARMS[1].name])
     rows = [summarize(w, arm.name, [run[key] for run in raw[arm.name]])
             for w, key in (("shared prefix", "shared"), ("multi-turn chat", "chat")) for arm in ARMS]
-    print(f"device {args.device}; {args.rounds} round(s), arms alternating; shared prefix: {args.requests} requests "
+    print(f"{placed(args)}; {args.rounds} round(s), arms alternating; shared prefix: {args.requests} requests "
           f"(1 alone, then {args.requests - 1} at once), {args.prefix_tokens}-token common prefix + "
           f"{args.suffix_tokens}-token suffixes, {args.max_tokens} tokens out; chat: {args.conversations} "
           f"conversations x {args.turns} turns, {args.system_tokens}-token system message, ~{args.user_tokens}-token "
