@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 
 from minedraft.bench.gpu import placement_sweep
-from minedraft.bench.gpu.sweep_pairs import PROMPT_LEN, level_pair
+from minedraft.bench.gpu.sweep_pairs import PROMPT_LEN, LevelPair, _weight_bytes, level_bytes, level_pair
 from minedraft.bench.peaked_head import agree_for_acceptance
 from minedraft.bench.synthetic_eagle import head_prompts, head_vocabulary
-from minedraft.bench.synthetic_pair import load_synthetic
+from minedraft.bench.synthetic_pair import SHAPES, load_synthetic
 from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.tokenizer import Tokenizer
 from minedraft.engine.llm_engine import EngineConfig, LLMEngine
@@ -30,7 +30,7 @@ def test_an_fp8_target_with_an_eagle_head_runs_every_placement_and_tetris_exactl
     args = ["--out", str(out), "--shape", "tiny", "--draft-layers", "2", "--acceptance", "0.7", "--ks", "2",
             "--ms", "2", "--auto-ms", "", "--tetris-ms", "2", "--max-tokens", "8", "--reps", "1", "--num-blocks", "256",
             "--weights", "fp8", "--drafters", "eagle", "--eagle-vocab", "256", "--device-type", "cpu",
-            "--tokenizer", str(tmp_path)]
+            "--tokenizer", str(tmp_path), "--copy-gbps", "10"]
     sweep = placement_sweep.Sweep(placement_sweep.build_parser().parse_args(args))
     assert sweep.run() == 0
     results = json.loads((out / "results.json").read_text())
@@ -48,6 +48,13 @@ def test_an_fp8_target_with_an_eagle_head_runs_every_placement_and_tetris_exactl
     for side in ("colocated", "split"):
         assert "weights FP8 (block scales)" in (logs[side] / "verifier.log").read_text(), side
     assert "EagleHead (decoder layers: 1)" in (logs["split"] / "draft.log").read_text()
+    # the bounds beside the anatomy: the FP8 target's bytes per verify of a batch, the head's per proposal
+    psd = next(r for r in rows if r["config"] == "PSD m+m")
+    target, head = level_bytes(LevelPair(level["target"], level["draft"], "eagle", []), "tiny", 2)
+    assert target.weights < _weight_bytes(SHAPES["tiny"], "") < 2 * target.weights  # projections at a byte
+    context = [PROMPT_LEN + 4] * 2  # two rows per PSD batch, the mean context
+    assert psd["verify_bound_ms"] == target.forward(context) / 10e6
+    assert psd["draft_bound_ms"] == (2 * head.weights + head.kv_per_token * (2 * sum(context) + 2)) / 10e6
     report = (out / "results.md").read_text()
     assert "| 0.7 fp8 EAGLE | 2 | 2 |" in report and "| 0.7 fp8 EAGLE | 2 | 2 | PSD m+m |" in report
     # AR through the services is the FP8 target's own greedy output, built here from the same spec, on the prompts

@@ -28,6 +28,11 @@ def exact(cells: list[dict | None]) -> str:
     return f"{same}/{total}" if total else "-"
 
 
+def bound(row: dict, side: str) -> str:
+    """A side's bandwidth bound per batch (bytes over the copy rate), where the run measured the rate."""
+    return f"{row[f'{side}_bound_ms']:.2f}" if f"{side}_bound_ms" in row else "-"
+
+
 def per_batch(row: dict, side: str) -> float:
     """A side's compute time per batch it handled (rows of older runs have only the per-plan mean)."""
     return row.get(f"{side}_ms_per_batch", row[f"{side}_ms"])
@@ -51,9 +56,9 @@ def summary_lines(rows: list[dict]) -> list[str]:
     out = ["| level | k | m | acceptance | AR | SD colocated (N GPUs) | SD-2GPU | PSD m/2+m/2 | PSD m+m | "
            "PSD m+m / SD coloc. | per GPU | equal conc. | rows = AR |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    anatomy = ["| level | k | m | verify ms per batch, SD-2GPU | same, PSD m+m | PSD/SD verify | "
-               "draft ms per batch, SD-2GPU | same, PSD m+m | step ms PSD m+m | overlap eff. | verifier waits ms |",
-               "|---|---|---|---|---|---|---|---|---|---|---|"]
+    anatomy = ["| level | k | m | verify ms per batch, SD-2GPU | same, PSD m+m | PSD/SD verify | verify bound ms | "
+               "draft ms per batch, SD-2GPU | same, PSD m+m | draft bound ms | step ms PSD m+m | data plane ms | "
+               "overlap eff. | verifier waits ms |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(k for k in cells if len(k) == 3):
         goal, k, m = key
         c = cells[key]
@@ -69,8 +74,9 @@ def summary_lines(rows: list[dict]) -> list[str]:
         if sd2 is not None and full is not None:
             sd_verify, psd_verify = per_batch(sd2, "verify"), per_batch(full, "verify")
             anatomy.append(f"| {level_name(goal)} | {k} | {m} | {sd_verify:.2f} | {psd_verify:.2f} | "
-                           f"{psd_verify / max(sd_verify, 1e-9):.2f}x | {per_batch(sd2, 'draft'):.2f} | "
-                           f"{per_batch(full, 'draft'):.2f} | {full['step_ms']:.2f} | "
+                           f"{psd_verify / max(sd_verify, 1e-9):.2f}x | {bound(full, 'verify')} | "
+                           f"{per_batch(sd2, 'draft'):.2f} | {per_batch(full, 'draft'):.2f} | {bound(full, 'draft')} | "
+                           f"{full['step_ms']:.2f} | {full.get('data_plane_ms', 0.0):.2f} | "
                            f"{full['overlap_efficiency']:.2f} | {full['verify_wait_ms']:.2f} |")
     auto = ["| level | m | fixed k: tok/s | best fixed k | auto: tok/s | auto / best fixed |",
             "|---|---|---|---|---|---|"]

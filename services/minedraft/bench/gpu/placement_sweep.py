@@ -29,8 +29,9 @@ from minedraft.bench.gpu.placements import (
     split_stack,
     start_together,
 )
-from minedraft.bench.gpu.sweep_pairs import DRAFTERS, WEIGHTS, level_pair
-from minedraft.bench.gpu.timing import log
+from minedraft.bench.gpu.step_report import ModelBytes, bound_ms, draft_bytes
+from minedraft.bench.gpu.sweep_pairs import DRAFTERS, PROMPT_LEN, WEIGHTS, level_bytes, level_pair
+from minedraft.bench.gpu.timing import ceilings, log
 from minedraft.bench.peaked_head import agree_for_acceptance
 from minedraft.bundled import TINY_TARGET
 
@@ -63,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tetris-ms", type=int_list, default=[], help="m of SD colocated and PSD m+m with TETRIS selection")
     p.add_argument("--tetris-extra", type=int, default=0, help="TETRIS: drafts per sequence beyond k")
     p.add_argument("--device-type", default="cuda", help="where the services build the models (cpu: a CPU check)")
+    p.add_argument("--copy-gbps", type=float, default=0.0,
+                   help="the bounds' bandwidth (0: measured on GPU 0 before the stacks start; none on the CPU)")
     p.add_argument("--tokenizer", default=str(TINY_TARGET),
                    help="the batch manager's tokenizer folder (no more ids than the shape's vocabulary)")
     return p
@@ -76,6 +79,8 @@ class Sweep:
         self.out.mkdir(parents=True, exist_ok=True)
         self.results: dict = {"args": vars(args), "rows": [], "errors": []}
         self.ar_outputs: dict[int, list[list[int]]] = {}  # the level's AR outputs by m: every cell's reference
+        self.level_bytes: tuple[ModelBytes, ModelBytes] | None = None  # what the level's target and drafter read
+        self.copy_GBps = args.copy_gbps
 
     def time_left(self) -> bool:
         return time.monotonic() - self.started < self.args.deadline_s
@@ -88,7 +93,7 @@ class Sweep:
              reference: list[list[int]] | None, policy: dict | None = None) -> list[list[int]]:
         # Every width auto may reach was captured when level() started the stacks (capture_k).
         row, outputs = measure(stack, mode, k, prompts, self.args.max_tokens, self.args.reps, policy=policy)
-        row.update(config=config, mode=mode, k=k, gpus=gpus, **tags)
+        row.update(config=config, mode=mode, k=k, gpus=gpus, **tags, **self.bounds(mode, k, len(prompts)))
         if reference is not None:
             row.update(agreement(outputs, reference))
         self.results["rows"].append(row)
@@ -101,6 +106,17 @@ class Sweep:
             f"{row['draft_ms']:.2f}, verify {row['verify_ms']:.2f}), acceptance {row['acceptance']:.3f}{exact}")
         return outputs
 
+    def bounds(self, mode: str, k: int, requests: int) -> dict[str, float]:
+        """The bandwidth bound of one verify and of one proposal of k drafts of a batch (PSD: half the requests),
+        at the run's mean context (prompt plus half the output): the bytes they read over the copy rate."""
+        if not self.copy_GBps or self.level_bytes is None:
+            return {}
+        target, draft = self.level_bytes
+        batch = requests // 2 if mode in ("psd", "auto") else requests
+        context = [PROMPT_LEN + self.args.max_tokens // 2] * batch
+        return {"copy_GBps": self.copy_GBps, "verify_bound_ms": bound_ms(target.forward(context), self.copy_GBps),
+                "draft_bound_ms": bound_ms(draft_bytes(draft, context, k), self.copy_GBps) if mode != "ar" else 0.0}
+
     def level(self, goal: float, full: bool, weights: str = "bf16", drafter: str = "model") -> None:
         a = self.args
         agree = agree_for_acceptance(goal)
@@ -109,6 +125,7 @@ class Sweep:
         made = level_pair(a.shape, a.alpha, a.draft_layers, agree, weights, drafter, seqs, a.eagle_vocab,
                           f"{a.device_type}:0" if a.device_type == "cuda" else a.device_type)
         pair, prompts = PairSpecs(made.target, made.draft, made.draft_kind, a.tokenizer), made.prompts
+        self.level_bytes = level_bytes(made, a.shape, a.draft_layers)
         widest = max([*ks, *a.auto_fixed_ks, a.auto_k_max])  # every shape any cell uses, captured at start-up
         colocated = colocated_stack(pair, a.num_blocks, seqs, a.tp_size, capture_k=widest, device_type=a.device_type)
         split = None if a.colocated_only else split_stack(pair, a.num_blocks, seqs, a.tp_size, capture_k=widest,
@@ -178,6 +195,8 @@ class Sweep:
                     self.cell(stack, f"{config} TETRIS", mode, k, prompts[:rows], gpus, t, ar, tetris)
 
     def run(self) -> int:
+        if not self.copy_GBps and self.args.device_type == "cuda":
+            self.copy_GBps = measured_copy_rate()
         goals = [float(g) for g in self.args.acceptance.split(",")]
         levels = [(w, d) for w in self.args.weights.split(",") if w for d in self.args.drafters.split(",") if d]
         for weights, drafter in levels:
@@ -189,6 +208,16 @@ class Sweep:
         self.save()
         print("\n".join(summary_lines(self.results["rows"])), flush=True)
         return 0
+
+
+def measured_copy_rate() -> float:
+    """GPU 0's copy bandwidth, its buffers handed back before any service needs the memory."""
+    import torch
+
+    rate = ceilings()["copy_GBps"]
+    torch.cuda.empty_cache()
+    log(f"copy bandwidth of GPU 0: {rate:.0f} GB/s")
+    return rate
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,14 +11,19 @@ model or a synthetic EAGLE-3 head of it, with the prompts that suit that drafter
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
-from minedraft.bench.synthetic_pair import SHAPES, SyntheticSpec
+from minedraft.bench.gpu.step_report import ModelBytes
+from minedraft.bench.synthetic_pair import SHAPES, SyntheticSpec, full_parameter_shapes
 from minedraft.bench.workload import random_prompts
+from minedraft.engine.config import ModelConfig
+from minedraft.engine.fp8_weights import PROJECTIONS
 
 WEIGHTS = {"bf16": "", "fp8": "block", "fp8-channel": "channel"}  # the target's format -> SyntheticSpec.fp8
 DRAFTERS = ("model", "eagle")
@@ -52,3 +57,33 @@ def level_pair(shape: str, alpha: float, draft_layers: int, agree: float, weight
         torch.cuda.empty_cache()  # the services get the GPU's memory back
     closed = head_vocabulary(SHAPES[shape].vocab_size, draft_vocab, 0).closed
     return LevelPair(str(target), str(folder), "eagle", head_prompts(closed, count, PROMPT_LEN, seed=seed))
+
+
+def level_bytes(pair: LevelPair, shape: str, draft_layers: int) -> tuple[ModelBytes, ModelBytes]:
+    """What one forward of the level's target and of its drafter reads (bench/gpu/step_report.ModelBytes): every
+    weight but the embedding (whose rows a step gathers), FP8 projections at a byte per weight plus their float32
+    block or row scales, and the KV bytes per attended position. A head reads its folder's tensors."""
+    target = SyntheticSpec.parse(pair.target)
+    full = SHAPES[shape]
+    kv_token = 2 * full.num_layers * full.num_kv_heads * full.head_dim * 2
+    target_bytes = ModelBytes(_weight_bytes(full, target.fp8), kv_token)
+    if pair.draft_kind == "eagle":
+        with safe_open(str(Path(pair.draft) / "model.safetensors"), "pt") as f:
+            head = sum(math.prod(f.get_slice(n).get_shape()) * 2 for n in f.keys() if n not in ("d2t", "t2d"))  # noqa: SIM118
+        return target_bytes, ModelBytes(head, 2 * full.num_kv_heads * full.head_dim * 2)
+    draft = replace(full, num_layers=draft_layers)
+    return target_bytes, ModelBytes(_weight_bytes(draft, ""), 2 * draft_layers * full.num_kv_heads * full.head_dim * 2)
+
+
+def _weight_bytes(cfg: ModelConfig, fp8: str) -> int:
+    total = 0
+    for name, shape in full_parameter_shapes(cfg):
+        if name == "model.embed_tokens.weight":
+            continue
+        module = name.removesuffix(".weight").rsplit(".", 1)[-1]
+        if fp8 and module in PROJECTIONS:
+            scales = shape[0] if fp8 == "channel" else -(-shape[0] // 128) * -(-shape[1] // 128)
+            total += shape.numel() + 4 * scales
+        else:
+            total += 2 * shape.numel()
+    return total
