@@ -67,3 +67,20 @@ def test_an_fp8_target_with_an_eagle_head_runs_every_placement_and_tetris_exactl
     prompts = head_prompts(head_vocabulary(512, 256, 0).closed, 4, PROMPT_LEN, seed=13)[:2]
     expected = [r.output_ids for r in engine.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))]
     assert sweep.ar_outputs[2] == expected
+
+
+def test_tetris_cells_alone_measure_their_own_ar_and_fixed_k(tmp_path: Path) -> None:
+    """The TETRIS part of a device call: no grid, so each TETRIS cell's AR and fixed-k cells are measured beside it."""
+    write_word_tokenizer(tmp_path, 512, 2)
+    args = ["--out", str(tmp_path / "sweep"), "--shape", "tiny", "--draft-layers", "2", "--acceptance", "0.7",
+            "--ks", "2", "--ms", "", "--auto-ms", "", "--tetris-ms", "2", "--max-tokens", "8", "--reps", "1",
+            "--num-blocks", "256", "--device-type", "cpu", "--tokenizer", str(tmp_path)]
+    sweep = placement_sweep.Sweep(placement_sweep.build_parser().parse_args(args))
+    assert sweep.run() == 0
+    results = json.loads((tmp_path / "sweep" / "results.json").read_text())
+    assert results["errors"] == []
+    configs = [r["config"] for r in results["rows"]]
+    assert configs == ["AR", "SD colocated", "SD colocated TETRIS", "PSD m+m", "PSD m+m TETRIS"]
+    for r in results["rows"][1:]:
+        assert r["rows_equal_ar"] == r["rows_compared"] == 2 and r["drafter"] == "model", r["config"]
+    assert "verify_bound_ms" not in results["rows"][0]  # no copy rate on the CPU unless one is given

@@ -48,7 +48,8 @@ def level_pair(shape: str, alpha: float, draft_layers: int, agree: float, weight
     target, draft = SyntheticSpec(shape, "target", alpha, draft_layers, agree).pair()
     target = replace(target, fp8=WEIGHTS[weights])
     if drafter == "model":
-        return LevelPair(str(target), str(draft), "model", random_prompts(count, PROMPT_LEN, seed=seed))
+        ids = min(2000, SHAPES[shape].vocab_size)  # the 8B shape's prompts as the sweep always drew them
+        return LevelPair(str(target), str(draft), "model", random_prompts(count, PROMPT_LEN, seed=seed, high=ids))
     from minedraft.bench.synthetic_eagle import head_prompts, head_vocabulary, write_synthetic_head
 
     folder = Path(tempfile.mkdtemp(prefix="minedraft_eagle_head_"))
