@@ -4,7 +4,7 @@ and, run as a module, the compiler of what was recorded for Hopper (sm_90), with
 switch (`PDL`) and weight prefetch (`PREFETCH`) on, so the chain's code paths are assembled by ptxas as a GPU
 would load them.
 
-    python -m tests.gpu.launch_recorder LAUNCHES.json   # prints one line per kernel variant; exit 1 on a failure
+    python -m tests.gpu.launch_recorder LAUNCHES.json [--representatives] [--off-too] [--resources] [--json OUT]
 """
 
 from __future__ import annotations
@@ -38,6 +38,10 @@ def describe(arg_names: list[str], constexprs: set[str], args: tuple, kwargs: di
             if value.dtype not in DTYPES:
                 return None
             signature[name] = "*" + DTYPES[value.dtype]
+        elif type(value).__name__ == "TensorDescriptor":  # a tensor-memory-accelerator load's descriptor
+            if value.base.dtype not in DTYPES:
+                return None
+            signature[name] = f"tensordesc<{DTYPES[value.base.dtype]}{list(value.block_shape)}>"
         elif isinstance(value, bool):
             signature[name] = "i1"
         elif isinstance(value, int):
@@ -45,7 +49,7 @@ def describe(arg_names: list[str], constexprs: set[str], args: tuple, kwargs: di
         elif isinstance(value, float):
             signature[name] = "fp32"
         else:
-            return None  # tensor descriptors and the like
+            return None  # an argument kind the step's kernels do not take
     return {"signature": signature, "constexprs": fixed, "options": {k: kwargs[k] for k in OPTIONS if k in kwargs}}
 
 
@@ -78,18 +82,42 @@ def _write(path: str, launches: list[dict]) -> None:
         json.dump(launches, f, indent=1, default=str)
 
 
+def variant(launch: dict) -> str:
+    """The kernel a launch ran, `+tma` where it loads through tensor descriptors."""
+    tma = any(t.startswith("tensordesc") for t in launch["signature"].values())
+    return f"{launch['module'].rsplit('.', 1)[-1]}.{launch['name']}{'+tma' if tma else ''}"
+
+
 def representatives(launches: list[dict]) -> list[dict]:
-    """One launch per kernel, a bf16 one where the run had it."""
+    """One launch per kernel and load form, a bf16 one where the run had it."""
     chosen: dict[str, dict] = {}
     for launch in launches:
-        key = f"{launch['module']}.{launch['name']}"
+        key = variant(launch)
         bf16 = any(t == "*bf16" for t in launch["signature"].values())
         if key not in chosen or (bf16 and not any(t == "*bf16" for t in chosen[key]["signature"].values())):
             chosen[key] = launch
     return list(chosen.values())
 
 
-def compile_for_hopper(launch: dict, chain: bool = True) -> dict[str, Any]:
+def resources(ptx: str) -> dict[str, int]:
+    """Registers per thread and spill bytes of this PTX assembled for sm_90a by Triton's own ptxas (`ptxas -v`)."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        report = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                                capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    return {"registers": int(regs.group(1)) if regs else -1, "spill_bytes": int(spills.group(1)) if spills else -1}
+
+
+def compile_for_hopper(launch: dict, chain: bool = True, with_resources: bool = False) -> dict[str, Any]:
     """Compile one recorded launch for sm_90, its dependent chain (and a GEMM's weight prefetch) on or off; returns
     what the assembled code holds of them."""
     import importlib
@@ -107,15 +135,17 @@ def compile_for_hopper(launch: dict, chain: bool = True) -> dict[str, Any]:
     compiled = triton.compile(ASTSource(kernel, signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
                               options=launch["options"])
     ptx = compiled.asm["ptx"]
-    return {"kernel": f"{launch['module'].rsplit('.', 1)[-1]}.{launch['name']}", "has_pdl": "PDL" in kernel.arg_names,
+    return {"kernel": variant(launch), "has_pdl": "PDL" in kernel.arg_names,
             "has_prefetch": "PREFETCH" in kernel.arg_names, "chain": chain,
             "waits": "griddepcontrol.wait" in ptx, "launches_dependents": "griddepcontrol.launch_dependents" in ptx,
-            "prefetches": ptx.count("prefetch.global.L2"), "cubin_bytes": len(compiled.asm["cubin"])}
+            "prefetches": ptx.count("prefetch.global.L2"), "cubin_bytes": len(compiled.asm["cubin"]),
+            "constexprs": constexprs, "options": launch["options"], **(resources(ptx) if with_resources else {})}
 
 
 def main(argv: list[str]) -> int:
-    """LAUNCHES.json [--representatives] [--off-too] [--json OUT]: compile every recorded launch (or one per
-    kernel) with the chain on (and off); print a line each, exit 1 if any fails to compile."""
+    """LAUNCHES.json [--representatives] [--off-too] [--resources] [--json OUT]: compile every recorded launch (or
+    one per kernel) with the chain on (and off), with ptxas's registers and spills; print a line each, exit 1 if
+    any fails to compile."""
     with open(argv[0]) as f:
         launches = json.load(f)
     if "--representatives" in argv:
@@ -124,7 +154,7 @@ def main(argv: list[str]) -> int:
     for launch in launches:
         for chain in (True, False) if "--off-too" in argv else (True,):
             try:
-                fact = compile_for_hopper(launch, chain)
+                fact = compile_for_hopper(launch, chain, "--resources" in argv)
                 facts.append(fact)
                 print(f"ok   {fact['kernel']}: {fact}", flush=True)
             except Exception as exc:  # report every variant, then fail
