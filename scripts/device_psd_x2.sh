@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PSD on two GPUs with the engine's features, one part per device call (each fits the 600 s limit of a call).
+# PSD on two GPUs with the engine's features, in parts of under 10 minutes each.
 # From the repository root on an nvidia-h200-x2 machine, carrying `.whl` and `services/minedraft/proto`:
 #   PART=grid   bash scripts/device_psd_x2.sh $OUT/grid    # two-GPU exactness tests; the bf16 target: AR, SD
 #                                                          #   colocated, SD-2GPU, PSD m/2+m/2 and m+m
@@ -15,7 +15,7 @@ source scripts/device_env.sh
 B=minedraft.bench.gpu
 KS="${KS:-4,6}"; MS="${MS:-8,16,32,64}"; LEVELS="${LEVELS:-0.7}"; REPS="${REPS:-2}"
 # Seconds a sweep may start cells in (its stacks' start counts); each sweep then gets 130 s more to finish its
-# last cell and stop, so a part stays under a call's 600 s: grid 120 s of tests + 280 (400 without the tests),
+# last cell and stop, so a part stays under 600 s: grid 120 s of tests + 280 (400 without the tests),
 # eagle two sweeps of 160.
 case "${PART:-grid}" in grid) [ "${TESTS:-1}" = 1 ] && D=280 || D=400 ;; *) D=320 ;; esac; DEADLINE="${DEADLINE:-$D}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.log"

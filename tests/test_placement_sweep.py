@@ -1,6 +1,6 @@
 """The placement sweep's levels with an FP8 target, a synthetic EAGLE-3 head and TETRIS cells, run through the
-real services on the CPU (gloo in place of NCCL): the code a two-GPU device call runs, checked before device time
-is spent on it. Every placement's greedy output must equal AR's, and AR's must equal the FP8 target's own."""
+real services on the CPU (gloo in place of NCCL, a tiny shape): the same code the two-GPU benchmark runs. Every
+placement's greedy output must equal AR's, and AR's must equal the FP8 target's own."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_an_fp8_target_with_an_eagle_head_runs_every_placement_and_tetris_exactl
 
 
 def test_tetris_cells_alone_measure_their_own_ar_and_fixed_k(tmp_path: Path) -> None:
-    """The TETRIS part of a device call: no grid, so each TETRIS cell's AR and fixed-k cells are measured beside it."""
+    """A TETRIS-only sweep (no grid): each TETRIS cell's AR and fixed-k cells are measured beside it."""
     write_word_tokenizer(tmp_path, 512, 2)
     args = ["--out", str(tmp_path / "sweep"), "--shape", "tiny", "--draft-layers", "2", "--acceptance", "0.7",
             "--ks", "2", "--ms", "", "--auto-ms", "", "--tetris-ms", "2", "--max-tokens", "8", "--reps", "1",

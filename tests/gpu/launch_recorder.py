@@ -54,7 +54,7 @@ def describe(arg_names: list[str], constexprs: set[str], args: tuple, kwargs: di
 
 
 def pytest_configure(config: Any) -> None:
-    """Record every launch of the session's interpreted kernels into MINEDRAFT_LAUNCHES."""
+    """Record every launch of this test run's interpreted kernels into MINEDRAFT_LAUNCHES."""
     path = os.environ.get(ENV)
     if not path:
         return

@@ -84,8 +84,7 @@ def compare(args: argparse.Namespace, arms: list[Arm], max_num_seqs: int, warm_u
             workload: Callable[[], W], measure: Callable[[LocalStack, W], dict]) -> dict[str, list[dict]]:
     """One stack per arm, each warmed up; then every round a fresh `workload()` measured on every arm, the
     arms' order alternating. Returns each arm's results, round by round."""
-    stacks = build(args.device, arms, max_num_seqs, args.num_blocks, args.acceptance,
-                   getattr(args, "placement", "colocated"))
+    stacks = build(args.device, arms, max_num_seqs, args.num_blocks, args.acceptance, args.placement)
     raw: dict[str, list[dict]] = {arm.name: [] for arm in arms}
     exit_on_sigterm()
     started = time.perf_counter()

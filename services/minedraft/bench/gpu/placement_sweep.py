@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from minedraft.batch_manager.policy import two_batches
 from minedraft.bench.flags import int_list
 from minedraft.bench.gpu.placement_report import summary_lines
 from minedraft.bench.gpu.placements import (
@@ -112,7 +113,7 @@ class Sweep:
         if not self.copy_GBps or self.level_bytes is None:
             return {}
         target, draft = self.level_bytes
-        batch = requests // 2 if mode in ("psd", "auto") else requests
+        batch = requests // 2 if two_batches(mode) else requests
         context = [PROMPT_LEN + self.args.max_tokens // 2] * batch
         return {"copy_GBps": self.copy_GBps, "verify_bound_ms": bound_ms(target.forward(context), self.copy_GBps),
                 "draft_bound_ms": bound_ms(draft_bytes(draft, context, k), self.copy_GBps) if mode != "ar" else 0.0}

@@ -41,7 +41,7 @@ def capture_env(max_num_seqs: int, capture_k: int) -> dict[str, str]:
 
 def devices(device_type: str, tp_size: int) -> tuple[str, str]:
     """(the target's devices, comma-separated by rank; the draft service's device): on CUDA the target over GPUs
-    0..N-1 and the draft on GPU N; on the CPU (a check of the code a device call runs) everything on the CPU."""
+    0..N-1 and the draft on GPU N; on the CPU (the same sweep at a tiny shape) everything on the CPU."""
     if device_type == "cpu":
         return ",".join(["cpu"] * tp_size), "cpu"
     return ",".join(f"cuda:{r}" for r in range(tp_size)), f"cuda:{tp_size}"

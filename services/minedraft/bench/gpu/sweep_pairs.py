@@ -66,14 +66,13 @@ def level_bytes(pair: LevelPair, shape: str, draft_layers: int) -> tuple[ModelBy
     block or row scales, and the KV bytes per attended position. A head reads its folder's tensors."""
     target = SyntheticSpec.parse(pair.target)
     full = SHAPES[shape]
-    kv_token = 2 * full.num_layers * full.num_kv_heads * full.head_dim * 2
-    target_bytes = ModelBytes(_weight_bytes(full, target.fp8), kv_token)
-    if pair.draft_kind == "eagle":
+    kv = (full.num_kv_heads, full.head_dim, 2)  # bf16 cache
+    target_bytes = ModelBytes.of(_weight_bytes(full, target.fp8), full.num_layers, *kv)
+    if pair.draft_kind == "eagle":  # one decoder layer
         with safe_open(str(Path(pair.draft) / "model.safetensors"), "pt") as f:
             head = sum(math.prod(f.get_slice(n).get_shape()) * 2 for n in f.keys() if n not in ("d2t", "t2d"))  # noqa: SIM118
-        return target_bytes, ModelBytes(head, 2 * full.num_kv_heads * full.head_dim * 2)
-    draft = replace(full, num_layers=draft_layers)
-    return target_bytes, ModelBytes(_weight_bytes(draft, ""), 2 * draft_layers * full.num_kv_heads * full.head_dim * 2)
+        return target_bytes, ModelBytes.of(head, 1, *kv)
+    return target_bytes, ModelBytes.of(_weight_bytes(replace(full, num_layers=draft_layers), ""), draft_layers, *kv)
 
 
 def _weight_bytes(cfg: ModelConfig, fp8: str) -> int:
