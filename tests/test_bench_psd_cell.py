@@ -1,5 +1,6 @@
 """The step profile's PSD cell (bench/gpu/step_cells.py, "psd"): the verifier executor really launches each
-verify ahead over the loopback link (bench/gpu/loopback_plane.py), and what it commits equals the ordinary path's."""
+verify ahead over the loopback link (bench/gpu/loopback_plane.py), and what it commits equals the ordinary path's.
+The SD-2GPU cell ("sd2") really takes every steady verify's drafts from the posted frame."""
 
 from __future__ import annotations
 
@@ -90,3 +91,32 @@ def test_the_psd_draft_cell_drafts_each_plan_from_the_verdict_on_the_device_as_t
     # each batch was drafted from 3 or 4 verdicts: row i accepts i % 3 drafts, then the bonus token
     grown = [len(t) - 12 for t in ahead_tokens.values()]
     assert grown == [n * (1 + i % 3) for n in (4, 3) for i in range(3)], grown
+
+
+def test_the_sd2_cell_takes_every_steady_verifys_drafts_unread_and_commits_what_the_verify_cell_does() -> None:
+    """Sequential SD with the draft service on its own GPU: each plan verifies the batch the plan before it drafted,
+    with the drafts of the posted frame (verifier/posted_drafts.py), never launched ahead (its rows are the ones the
+    verdict before it changes); the sequences then hold what the verify cell, reading the same drafts on the host,
+    leaves."""
+    cfg = StepConfig(shape="tiny", draft_layers=2, batches=(3,), ks=(2,), context=12, num_blocks=256, device="cpu")
+    verifier, _ = step_profile.engine_pair(cfg, "bf16", needs_draft=False)
+    held = {}
+    for mode, first_id in (("sd2", 1000), ("verify", 2000)):
+        torch.manual_seed(5)  # the same drafts for both cells
+        driver = CellDriver(verifier, None, Cell(mode, 3, 2), first_id,
+                            step_profile.prompts(cfg, verifier.vocab_size)[:3], land_ms=2.0)
+        driver.setup()
+        for j in range(STEPS):
+            driver.step(ahead=j + 1 < STEPS)
+        executor = driver.executor
+        assert executor is not None and executor.launched_count == 0
+        if mode == "sd2":
+            plane = executor.plane
+            assert isinstance(plane, LoopbackDrafts) and plane.land_cycles == 0 and driver.land_ms == 0.0  # CPU
+            assert executor.posted_count == STEPS and plane.taken == STEPS and plane.received == 0
+            assert driver.batches == [[1000, 1001, 1002]]
+        held[mode] = {s - first_id: list(verifier.seqs[s].tokens) for s in driver.ids}
+        driver.teardown()
+    assert held["sd2"] == held["verify"]
+    assert all(len(t) - 12 >= 1 + STEPS for t in held["sd2"].values())
+    assert not verifier.seqs

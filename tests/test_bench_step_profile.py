@@ -155,11 +155,13 @@ def test_every_cell_kind_runs_on_the_cpu_in_both_weight_formats(tmp_path: Path) 
     results = step_profile.profile(cfg)
     assert [(r["mode"], r["weights"]) for r in results["rows"]] == [
         (mode, weights) for weights in ("bf16", "fp8")
-        for mode in ("ar", "verify", "psd", "fused", "draft", "psd-draft")]
+        for mode in ("ar", "verify", "psd", "fused", "draft", "sd2", "psd-draft")]
     assert results["errors"] == []
     for r in results["rows"]:
         assert r["steps"] == 2 and r["gpu_ms"] == 0.0 and r["bound_ms"] > 0
         assert sum(r["phases"].values()) == pytest.approx(r["phased_whole_ms"], rel=0.05)
+    sd2 = next(r for r in results["rows"] if r["mode"] == "sd2")
+    assert sd2["posted"] == 3 + 2 * 3 and sd2["land_ms"] == 0.0  # every warm-up and timed verify; no landing on CPU
     fused = next(r for r in results["rows"] if r["mode"] == "fused")
     assert fused["phases"]["plan decode"] > 0 and any(name.startswith("draft: ") for name in fused["phases"])
     md = step_profile.write(results, tmp_path).read_text()
@@ -199,3 +201,19 @@ def test_penalised_cells_process_their_rows_and_launch_ahead_beside_the_greedy_o
         ("ar", "greedy", True), ("ar", "penalties", True), ("psd", "greedy", True), ("psd", "penalties", True)]
     md = "\n".join(step_table(rows))
     assert "| bf16 | AR, penalties | 2 | 0 |" in md and "| bf16 | AR | 2 | 0 |" in md
+
+
+def test_sd2_cycles_count_the_drafts_landing_as_device_time_and_take_it_from_the_draft_cell() -> None:
+    done = summarize(row("sd2", 16, 4, 6.0, 10.5, 5.0, land_ms=4.4))
+    assert done["whole_over_gpu"] == pytest.approx(10.5 / 10.4) and done["bound_share"] == pytest.approx(5.0 / 6.1)
+    lines = step_table([row("sd2", 16, 4, 6.0, 10.5, 5.0, land_ms=4.4), row("verify", 16, 4, 6.0, 6.4, 5.0)])
+    assert lines[2].startswith("| bf16 | SD verify | 16 | 4 | 6.00 | 6.40 |")
+    assert lines[3] == "| bf16 | SD-2GPU verify (drafts posted) | 16 | 4 | 6.00 + 4.40 landing | 10.50 | 5.00 | - | " \
+                       "82.0% * | 82.0% * | 1.010 |"
+    assert "SD-2GPU verify: each plan's drafts land" in "\n".join(report_lines({"copy_GBps": 1.0, "rows": [done]}))
+    cfg = StepConfig.from_args(sweep_args(["--step-batches", "1,16", "--step-ks", "4", "--step-modes", "ar,sd2"]))
+    assert [(c.mode, c.batch) for c in cfg.cells()] == [("ar", 1), ("ar", 16), ("draft", 1), ("draft", 16),
+                                                        ("sd2", 1), ("sd2", 16)]
+    rows = [row("draft", 16, 4, 4.7, 5.0, 5.1, weights="bf16"), row("draft", 16, 4, 3.1, 3.4, 2.6, weights="fp8")]
+    assert step_profile.draft_gpu_ms(rows, "fp8", cfg.cells()[-1]) == 3.1
+    assert step_profile.draft_gpu_ms(rows, "bf16", cfg.cells()[-2]) == 0.0  # no draft cell at batch 1

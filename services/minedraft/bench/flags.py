@@ -73,8 +73,9 @@ def add_step_table_flags(p: argparse.ArgumentParser) -> None:
     """The engine-step table's cells (`minedraft bench gpu --step-table`, and bench/gpu/step_profile.py)."""
     p.add_argument("--step-batches", type=int_list, default=[1, 16, 32, 64])
     p.add_argument("--step-ks", type=int_list, default=[4, 6], help="k of the verify, draft and fused cells")
-    p.add_argument("--step-modes", default="ar,verify,psd,draft,psd-draft,fused",
-                   help="comma list of ar, verify, psd, draft, psd-draft, fused")
+    p.add_argument("--step-modes", default="ar,verify,sd2,psd,draft,psd-draft,fused",
+                   help="comma list of ar, verify, sd2 (SD-2GPU's verify, drafts landing after the draft cell's "
+                        "GPU time; brings draft along), psd, draft, psd-draft, fused")
     p.add_argument("--step-context", type=int, default=128, help="prompt tokens per sequence before the steps")
     p.add_argument("--step-rounds", type=int, default=4, help="rounds of (whole, phased, GPU-alone) blocks")
     p.add_argument("--step-steps", type=int, default=6, help="steps per block")

@@ -14,27 +14,28 @@ import torch
 from minedraft.engine.drafter import Drafter
 
 
+def sleep_cycles(ms: float) -> int:
+    """The `torch.cuda._sleep` argument that keeps the current GPU busy for about `ms` milliseconds."""
+    probe = 1 << 24
+    torch.cuda._sleep(1000)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(probe)
+    b.record()
+    b.synchronize()
+    return int(probe * ms / a.elapsed_time(b))
+
+
 class BlockedGpu:
     """GPU time of steps whose work waits behind a sleeping kernel (segments: step start to a readback's
     wait, a proposal's start to the step's end)."""
 
     def __init__(self, device: torch.device, sleep_ms: float = 10.0) -> None:
         self.on = device.type == "cuda"
-        self.cycles = self._cycles(sleep_ms) if self.on else 0
+        self.cycles = sleep_cycles(sleep_ms) if self.on else 0
         self.start: torch.cuda.Event | None = None
         self.pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.late = 0
-
-    @staticmethod
-    def _cycles(ms: float) -> int:
-        probe = 1 << 24
-        torch.cuda._sleep(1000)
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        torch.cuda._sleep(probe)
-        b.record()
-        b.synchronize()
-        return int(probe * ms / a.elapsed_time(b))
 
     def open(self) -> None:
         if self.on and self.start is None:

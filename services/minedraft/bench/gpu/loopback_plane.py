@@ -8,6 +8,12 @@ drafts are fixed tokens already on the device, and a posted frame's header says 
 would (the step that drafted it, the batch, k, the sequence ids), so the executor's own checks of it pass
 or fail exactly as on a real link. Verdicts are not sent: the cell's plans ask for none.
 
+With `land_ms` (CUDA) a frame lands that long after the work queued before its receive was posted: a side
+stream waits for the verifier's stream there, as NCCL's does, then sleeps, and a verify that takes the frame
+waits for it on the device, a host that reads it waits on the host. In sequential SD with the draft service on
+its own GPU ("sd2" cell) that is the draft GPU's k forwards after the verdict: the verifier's host work between
+two verifies can hide behind them, as it does on two GPUs.
+
 `LoopbackVerdicts` is the verifier's end for the draft side of PSD (the "psd-draft" cell): the draft service
 drafts each batch from the verdict on its device, queued before the previous plan's drafts are read back
 (draft_service/launch_ahead.py), so the verdict a posted receive gets is a fixed frame per batch already on the
@@ -21,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from minedraft.bench.gpu.blocked_gpu import sleep_cycles
 from minedraft.draft_service.launch_ahead import AwaitedVerdict
 from minedraft.engine.transfer import to_device
 from minedraft.verifier.posted_drafts import DraftedBatch
@@ -47,33 +54,53 @@ class LoopbackDrafts:
     aborted = False
 
     def __init__(self, drafts: dict[tuple[int, ...], torch.Tensor], drafted: Callable[[], DraftedBatch | None],
-                 device: torch.device) -> None:
+                 device: torch.device, land_ms: float = 0.0) -> None:
         self.drafts = drafts  # per batch (its sequence ids in order): [B, k] token ids on the device
         self.drafted = drafted
         self.device = device
-        self.queue: deque[tuple[int, list[int], int]] = deque()  # posted frames: drafting step, batch, k
+        self.land_cycles = sleep_cycles(land_ms) if land_ms > 0 and device.type == "cuda" else 0
+        self.side = torch.cuda.Stream(device) if self.land_cycles else None  # where the frames "travel"
+        # posted frames: drafting step, batch, k, and the event of its landing (None: there at once)
+        self.queue: deque[tuple[int, list[int], int, torch.cuda.Event | None]] = deque()
         self.posted = 0  # receives posted so far
         self.taken = 0  # ... of which a verify read on the device (launched ahead, or queued before the frame)
         self.received = 0  # drafts read on the host first (the ordinary path)
 
+    def _landing(self) -> torch.cuda.Event | None:
+        """With a landing time: the side stream waits for the work queued so far, sleeps, and marks the landing."""
+        if self.side is None:
+            return None
+        self.side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.side):
+            torch.cuda._sleep(self.land_cycles)
+            landed = torch.cuda.Event()
+            landed.record()
+        return landed
+
     def post_drafts_receive(self) -> None:
         drafted = self.drafted()
         assert drafted is not None, "a receive is posted only for drafts on their way"
-        self.queue.append((drafted.step, list(drafted.ids), drafted.k))
+        self.queue.append((drafted.step, list(drafted.ids), drafted.k, self._landing()))
         self.posted += 1
 
     def take_posted_drafts(self, batch: int, k: int) -> PostedDrafts | None:
-        """The oldest posted frame as device views, when one is posted and holds `batch` rows of k drafts."""
+        """The oldest posted frame as device views, when one is posted and holds `batch` rows of k drafts (the
+        stream waits for it to land, the host does not)."""
         if not self.queue or (len(self.queue[0][1]), self.queue[0][2]) != (batch, k):
             return None
-        step, ids, k = self.queue.popleft()
+        step, ids, k, landed = self.queue.popleft()
+        if landed is not None:
+            torch.cuda.current_stream(self.device).wait_event(landed)
         self.taken += 1
         header = to_device(torch.tensor(expected_header(step, ids, k), dtype=torch.long), self.device)
         return PostedDrafts(self.drafts[tuple(ids)], header)
 
     def recv_drafts(self) -> DraftPayload:
-        """The oldest posted frame, read on the host (every receive is posted first: the backend is "nccl")."""
-        step, ids, _ = self.queue.popleft()
+        """The oldest posted frame, read on the host once it has landed (every receive is posted first: the
+        backend is "nccl")."""
+        step, ids, _, landed = self.queue.popleft()
+        if landed is not None:
+            landed.synchronize()
         self.received += 1
         return DraftPayload(step, ids, self.drafts[tuple(ids)], None)
 

@@ -7,7 +7,11 @@ k tokens (its drafts read back, then committed as all accepted); "fused" is SD c
 cycle that verifies the last drafts and drafts again on the verifier's own draft model; "psd" is the verifier
 of PSD m+m: plans verify two batches of m in turn, each plan's draft batch the other, the drafts arriving over a
 link that always has them (loopback_plane.py), so the executor queues each verify before reading the previous
-one back, as it does in PSD; "psd-draft" is the draft service of PSD m+m (`DraftExecutor.handle_plan`): plans
+one back, as it does in PSD; "sd2" is the verifier of sequential SD with the draft service on its own GPU: each
+plan verifies the batch the plan before drafted, its drafts taken from the posted frame on the device
+(verifier/posted_drafts.py), the frame landing `land_ms` after the verify before it (the draft GPU's k forwards,
+in the profile the draft cell's GPU time at the same batch and k), so the host prepares each verify while the
+drafts are on their way; "psd-draft" is the draft service of PSD m+m (`DraftExecutor.handle_plan`): plans
 draft the two batches in turn, each from the verdict on the other side of the loopback link, so each plan's
 drafts are queued from a verdict on the device before the previous plan's are read back.
 
@@ -112,12 +116,13 @@ class CellDriver:
     """Sets a cell's sequences up, runs its steps (each returns the bytes it had to read), takes them down."""
 
     def __init__(self, verifier: Verifier, drafter: Drafter | None, cell: Cell, first_id: int,
-                 prompts: list[list[int]]) -> None:
+                 prompts: list[list[int]], land_ms: float = 0.0) -> None:
         self.cell, self.verifier, self.drafter = cell, verifier, drafter
         self.ids = list(range(first_id, first_id + cell.sequences))
         half = cell.batch
         self.batches = [self.ids[:half], self.ids[half:]] if cell.mode in TWO_BATCHES else [self.ids]
         self.prompts = prompts
+        self.land_ms = land_ms if cell.mode == "sd2" and verifier.runner.device.type == "cuda" else 0.0
         self.target_bytes = model_bytes(verifier.runner)
         self.draft_bytes = model_bytes(drafter.runner) if drafter is not None else None
         self.step_no = 0
@@ -142,12 +147,13 @@ class CellDriver:
             drafts = torch.randint(3, vocab, (cell.batch, cell.k), device=device)
             self.executor._receive_drafts = (  # type: ignore[method-assign, union-attr]
                 lambda timing, here: DraftPayload(self.step_no, self.ids, drafts, None))
-        if cell.mode == "psd":
+        if cell.mode in ("psd", "sd2"):
             assert self.executor is not None
             per_batch = {tuple(b): torch.randint(3, verifier.vocab_size, (len(b), cell.k), device=device)
                          for b in self.batches}
             executor = self.executor
-            self.executor.plane = LoopbackDrafts(per_batch, lambda: executor.drafted, device)  # type: ignore[assignment]
+            self.executor.plane = LoopbackDrafts(  # type: ignore[assignment]
+                per_batch, lambda: executor.drafted, device, land_ms if cell.mode == "sd2" else 0.0)
 
     def plan(self, first: bool) -> control_pb2.StepPlan:
         mode, step = self.cell.mode, self.step_no
@@ -158,9 +164,9 @@ class CellDriver:
             if first:
                 plan.add.extend(greedy_spec(s, p) for s, p in zip(self.ids, self.prompts, strict=True))
             return plan
-        drafted = {"fused": ids, "psd": self.batches[(step + 1) % len(self.batches)]}.get(mode, [])
+        drafted = {"fused": ids, "sd2": ids, "psd": self.batches[(step + 1) % len(self.batches)]}.get(mode, [])
         plan = control_pb2.StepPlan(step=step, verify_batch=ids, k=self.cell.k,
-                                    with_drafts=mode in ("verify", "fused", "psd"), draft_here=mode == "fused",
+                                    with_drafts=mode in ("verify", "fused", "psd", "sd2"), draft_here=mode == "fused",
                                     draft_batch=drafted)
         if first:
             plan.add.extend(greedy_spec(s, p, self.cell.sampling) for s, p in zip(self.ids, self.prompts, strict=True))
@@ -278,6 +284,7 @@ def measure_cell(driver: CellDriver, copy_GBps: float, rounds: int = 4, steps: i
                         gpu.close()
                 gpu_ms.append(gpu.take_ms() / steps)
     launched = driver.launched()
+    posted = driver.executor.posted_count if driver.executor is not None else 0
     driver.teardown()
     cell = driver.cell
     mean_bytes = sum(nbytes) / len(nbytes)
@@ -288,4 +295,5 @@ def measure_cell(driver: CellDriver, copy_GBps: float, rounds: int = 4, steps: i
             "bytes": mean_bytes, "bound_ms": bound_ms(mean_bytes, copy_GBps), "flops": flops,
             "compute_ms": compute_ms(flops, matmul_TFLOPs),
             "phased_whole_ms": sum(phased) / len(phased), "phases": dict(phases), "late_segments": gpu.late,
-            "launched_ahead": launched[0], "verified": launched[1]}
+            "launched_ahead": launched[0], "verified": launched[1], "posted": posted,
+            "land_ms": driver.land_ms}

@@ -69,9 +69,11 @@ class StepConfig:
                    getattr(args, "device", "cuda:0"), getattr(args, "copy_gbps", 0.0), samplings=samplings)
 
     def cells(self) -> list[Cell]:
-        """AR first, then per k the verify, PSD's verify, the fused cycle and the draft (a deadline cuts the last);
-        each once per sampling, next to each other (the draft's rows are never processed: greedy only)."""
-        order = [m for m in ("ar", "verify", "psd", "fused", "draft", "psd-draft") if m in self.modes]
+        """AR first, then per k the verify, PSD's verify, the fused cycle, the draft and SD-2GPU's verify (whose
+        drafts land the draft cell's GPU time after each verify: "sd2" brings the draft cells along); each once per
+        sampling, next to each other (the draft's rows are never processed: greedy only)."""
+        modes = {*self.modes, "draft"} if "sd2" in self.modes else set(self.modes)
+        order = [m for m in ("ar", "verify", "psd", "fused", "draft", "sd2", "psd-draft") if m in modes]
         out = [Cell("ar", b, 0) for b in self.batches] if "ar" in order else []
         for k in self.ks:
             out += [Cell(mode, b, k) for mode in order if mode != "ar" for b in self.batches]
@@ -115,6 +117,14 @@ def engine_pair(cfg: StepConfig, weights: str, needs_draft: bool) -> tuple[Verif
     return verifier, drafter
 
 
+def draft_gpu_ms(rows: list[dict], weights: str, cell: Cell) -> float:
+    """The GPU time of the draft's k steps at the cell's batch and k, measured earlier in this run (0 if not)."""
+    for row in rows:
+        if (row["mode"], row.get("weights"), row["batch"], row["k"]) == ("draft", weights, cell.batch, cell.k):
+            return float(row["gpu_ms"])
+    return 0.0
+
+
 def profile(cfg: StepConfig, saved: Callable[[dict], None] | None = None) -> dict:
     """Every cell at every weight format (FP8: the bf16 synthetic pair quantized in memory). `saved` gets the
     results so far after each cell."""
@@ -129,7 +139,8 @@ def profile(cfg: StepConfig, saved: Callable[[dict], None] | None = None) -> dic
         verifier, drafter = engine_pair(cfg, weights, needs_draft)
         batch_prompts = prompts(cfg, verifier.vocab_size)
         for i, cell in enumerate(cells):
-            driver = CellDriver(verifier, drafter, cell, 1000 * (i + 1), batch_prompts[: cell.sequences])
+            land = draft_gpu_ms(results["rows"], weights, cell) if cell.mode == "sd2" else 0.0
+            driver = CellDriver(verifier, drafter, cell, 1000 * (i + 1), batch_prompts[: cell.sequences], land)
             row = measure_cell(driver, copy, cfg.rounds, cfg.steps, matmul_TFLOPs=rate if weights == "bf16" else 0.0)
             row["weights"] = weights
             results["rows"].append(row)

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-MODES = ("ar", "verify", "psd", "draft", "psd-draft", "fused")
-MODE_LABELS = {"ar": "AR", "verify": "SD verify", "psd": "PSD verify (launched ahead)", "draft": "draft (k steps)",
+MODES = ("ar", "verify", "sd2", "psd", "draft", "psd-draft", "fused")
+MODE_LABELS = {"ar": "AR", "verify": "SD verify", "sd2": "SD-2GPU verify (drafts posted)",
+               "psd": "PSD verify (launched ahead)", "draft": "draft (k steps)",
                "psd-draft": "PSD draft (launched ahead)", "fused": "SD colocated fused"}
 DRAFTING = ("draft", "psd-draft")  # cells that run only the draft model
 SAMPLINGS = ("greedy", "penalties")  # the rows' processing (step_cells.greedy_spec); greedy is the plain step
@@ -71,12 +72,16 @@ def compute_ms(flops: float, TFLOPs: float) -> float:
 
 
 def summarize(row: dict) -> dict:
-    """Add the ratios the goals are stated in: bound / whole and whole / GPU (0 where unmeasured)."""
+    """Add the ratios the goals are stated in: bound / whole and whole / GPU (0 where unmeasured). A cycle whose
+    drafts land `land_ms` after its verify (the "sd2" cell: the draft GPU's time) counts that time as device time
+    (whole / (GPU + land)), and its bound shares are of the cycle less it (the verifier's own part)."""
     whole, gpu, bound = row.get("whole_ms", 0.0), row.get("gpu_ms", 0.0), row.get("bound_ms", 0.0)
+    land = row.get("land_ms", 0.0)
+    own = whole - land
     row["floor_ms"] = max(bound, row.get("compute_ms", 0.0))
-    row["bound_share"] = bound / whole if whole else 0.0
-    row["floor_share"] = row["floor_ms"] / whole if whole else 0.0
-    row["whole_over_gpu"] = whole / gpu if gpu else 0.0
+    row["bound_share"] = bound / own if own > 0 else 0.0
+    row["floor_share"] = row["floor_ms"] / own if own > 0 else 0.0
+    row["whole_over_gpu"] = whole / (gpu + land) if gpu else 0.0
     phases = row.get("phases", {})
     row["host_ms"] = sum(v for name, v in phases.items() if not name.endswith(WAIT))
     return row
@@ -99,8 +104,9 @@ def step_table(rows: list[dict]) -> list[str]:
     for row in sorted((summarize(dict(r)) for r in rows), key=_key):
         share, floor, excess = row["bound_share"], row["floor_share"], row["whole_over_gpu"]
         compute = fmt(row["compute_ms"]) if row.get("compute_ms") else "-"
+        gpu = fmt(row["gpu_ms"]) + (f" + {fmt(row['land_ms'])} landing" if row.get("land_ms") else "")
         out.append(f"| {row.get('weights', 'bf16')} | {label(row)} | {row['batch']} | {row['k']} | "
-                   f"{fmt(row['gpu_ms'])} | {fmt(row['whole_ms'])} | {fmt(row['bound_ms'])} | {compute} | "
+                   f"{gpu} | {fmt(row['whole_ms'])} | {fmt(row['bound_ms'])} | {compute} | "
                    f"{fmt(100 * share, 1)}%{'' if share >= BOUND_GOAL else ' *'} | "
                    f"{fmt(100 * floor, 1)}%{'' if floor >= BOUND_GOAL else ' *'} | "
                    f"{fmt(excess, 3)}{'' if excess <= HOST_GOAL else ' *'} |")
@@ -145,6 +151,10 @@ def report_lines(results: dict) -> list[str]:
     lines += step_table(rows)
     lines += ["", "Host time per step by phase (ms):", ""]
     lines += phase_table(rows)
+    if any(r.get("land_ms") for r in rows):
+        lines += ["", "SD-2GPU verify: each plan's drafts land the draft cell's GPU ms (same batch and k) after the "
+                  "verify before it; whole / GPU is the cycle over GPU + landing, bound / whole the cycle less the "
+                  "landing (the verifier's own part)."]
     late = [r for r in rows if r.get("late_segments")]
     if late:
         lines += ["", "GPU time caught the host up in " + ", ".join(
