@@ -165,5 +165,6 @@ def test_the_triton_candidates_are_the_kernels_shortlist() -> None:
     one, five = triton_choices("linear", 1, torch.bfloat16), triton_choices("linear", 5, torch.bfloat16)
     assert one and all(skinny_config(c).form == "fma" for c in one)
     assert five and all(skinny_config(c).block_m == 16 for c in five)
-    assert all(skinny_config(c).block_m == 64 for c in triton_choices("linear", MAX_ROWS, torch.bfloat16))
+    assert all(skinny_config(c).block_m == 64 for c in triton_choices("linear", 64, torch.bfloat16))
+    assert all(skinny_config(c).block_m == MAX_ROWS for c in triton_choices("linear", 80, torch.bfloat16))
     assert triton_choices("linear", MAX_ROWS + 1, torch.bfloat16) == [] and skinny_config("cublas") is None

@@ -87,13 +87,13 @@ def test_swiglu_plans_gate_up_and_its_activation_as_one_op(fast_glu: bool, monke
 def test_the_gated_candidates_are_the_kernels_gated_shortlist() -> None:
     pytest.importorskip("triton")
     from minedraft.engine.blas_plan import TRITON, skinny_config, triton_choices
-    from minedraft.engine.cuda.skinny_configs import SMEM, shortlist_for
+    from minedraft.engine.cuda.skinny_configs import MAX_ROWS, SMEM, shortlist_for
 
-    for rows in (1, 16, 20, 64):
+    for rows in (1, 16, 20, 64, 80):
         gated = triton_choices("glu", rows, torch.bfloat16)
         assert gated and gated == [TRITON + c.name for c in shortlist_for(rows, 2, glu=True)]
         assert all(skinny_config(c).staged_bytes(2, glu=True) <= SMEM for c in gated)
-    assert triton_choices("glu", 65, torch.bfloat16) == []
+    assert triton_choices("glu", MAX_ROWS + 1, torch.bfloat16) == []
 
 
 def test_the_rope_op_is_planned_with_its_geometry_and_timed_as_one_step() -> None:

@@ -29,7 +29,7 @@ def picks(rows: int, dtype: torch.dtype, on_cuda: bool) -> list:
     return list(by_form.values()) + [c for c in extra if c not in by_form.values()]
 
 
-@pytest.mark.parametrize("rows", [1, 5, 16, 33])
+@pytest.mark.parametrize("rows", [1, 5, 16, 33, 80])
 @pytest.mark.parametrize("k", [512, 320], ids=["even-k", "ragged-k"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_every_config_computes_the_linear(rows: int, k: int, dtype: torch.dtype, kernel_device: torch.device) -> None:
@@ -65,11 +65,11 @@ def test_a_config_refuses_rows_it_cannot_hold(kernel_device: torch.device) -> No
     with pytest.raises(ValueError, match="does not run 2 rows"):
         skinny_linear(x[:2], w, None, fma)
     assert configs_for(0) == [] and configs_for(MAX_ROWS + 1) == []
-    assert all(c.block_m == 64 for c in configs_for(MAX_ROWS))
+    assert all(c.block_m == MAX_ROWS == 128 for c in configs_for(MAX_ROWS)) and configs_for(65) == configs_for(128)
     assert F.linear(x, w).shape == skinny_linear(x, w, None, configs_for(17)[0]).shape
 
 
-@pytest.mark.parametrize("rows", [1, 5, 33])
+@pytest.mark.parametrize("rows", [1, 5, 33, 80])
 @pytest.mark.parametrize("k", [512, 320], ids=["even-k", "ragged-k"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_the_gated_form_is_the_plain_gemm_then_silu_times_up_bit_for_bit(

@@ -59,7 +59,7 @@ def configs(rows: int, head_dim: int, dtype: torch.dtype, on_cuda: bool) -> list
     return list(by_form.values()) + [c for c in extra if c not in by_form.values()]
 
 
-@pytest.mark.parametrize("rows", [1, 6])
+@pytest.mark.parametrize("rows", [1, 6, 80])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 32), (2, 2, 64)], ids=["gqa", "mha"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("with_bias", [False, True], ids=["no-bias", "bias"])
@@ -73,6 +73,9 @@ def test_the_fused_projection_writes_what_the_gemm_and_rope_store_write(
                                                rows * 10 + head_dim)
     b = bias if with_bias else None
     picked = configs(rows, head_dim, dtype, kernel_device.type == "cuda")
+    if rows > 64 and head_dim // 2 < 32:  # the 128-row tiles are 32 features wide or more: none fits a half-head
+        assert picked == []
+        return
     assert {c.form for c in picked} >= ({"fma", "dot"} if rows == 1 else {"dot"})
     for config in picked:
         want, got = both_ways(x, w, b, config, cos, sin, slots, cache, heads, kv_heads, head_dim)

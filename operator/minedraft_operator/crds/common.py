@@ -98,7 +98,7 @@ def worker_tuning(role: str) -> dict[str, Schema]:
         "captureK": integer(f"With captureBatch: the most draft tokens per step the {role}'s graphs are captured for "
                             "(the policy's k.max; MINEDRAFT_CAPTURE_K); unset = 8.", minimum=0, maximum=15),
         "blas": string(f"On GPUs, the library of the {role}'s half-precision projections: auto picks cuBLAS, "
-                       "cuBLASLt or (at most 64 rows) the Triton few-row GEMM per GEMM shape of each CUDA graph by "
+                       "cuBLASLt or (at most 128 rows) the Triton few-row GEMM per GEMM shape of each CUDA graph by "
                        "timing them as it is captured; cublas or cublaslt forces one (MINEDRAFT_BLAS); unset = "
                        "auto.", enum=["auto", "cublas", "cublaslt"]),
     }

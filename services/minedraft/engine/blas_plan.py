@@ -16,10 +16,11 @@ choices. Eager steps keep torch's default. `cublas` and `cublaslt` set the libra
 instead. Choices near a tie may differ between two processes (their timings differ), which changes
 rounding, never which tokens a step's rule accepts.
 
-In mode auto a shape of at most 64 rows also has the few-row Triton GEMM's shortlisted configs as
-candidates (`engine/cuda/skinny_gemm.py`: one kernel where cuBLAS splits K into two, narrower tiles that
-fill the GPU at one row); a choice `triton:<config>` makes the engine's `linear` run that kernel instead
-of `F.linear`. Any candidate must beat cuBLAS by `MARGIN` to be kept.
+In mode auto a shape of at most 128 rows (`skinny_configs.MAX_ROWS`) also has the few-row Triton GEMM's
+shortlisted configs as candidates (`engine/cuda/skinny_gemm.py`: one kernel where cuBLAS splits K into two,
+narrower tiles that fill the GPU at one row, one row tile that reads the weight once up to 128 rows); a choice
+`triton:<config>` makes the engine's `linear` run that kernel instead of `F.linear`. Any candidate must beat
+cuBLAS by `MARGIN` to be kept.
 
 SwiGLU's gate/up projection is planned as its own operation (`apply_glu`, op "glu"): the candidates are each
 library's GEMM followed by the silu*up kernel, and the gated Triton GEMM that applies the activation in its
@@ -70,7 +71,8 @@ ExtraFn = Callable[[str, int, torch.dtype], Sequence[str]]  # (op, rows, dtype) 
 
 def triton_choices(op: str, rows: int, dtype: torch.dtype) -> list[str]:
     """The shortlisted configs of the few-row Triton GEMM's form for `op` at `rows` rows (none without Triton or
-    past 64 rows): the plain or the gated shortlist, or for q/k/v + rope the gated tiles that divide half a head."""
+    past `skinny_configs.MAX_ROWS`): the plain or the gated shortlist, or for q/k/v + rope the gated tiles that
+    divide half a head."""
     try:
         from minedraft.engine.cuda.skinny_configs import shortlist_for
         from minedraft.engine.cuda.skinny_rope import rope_shortlist  # needs Triton

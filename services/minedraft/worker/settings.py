@@ -66,7 +66,7 @@ def add_worker_flags(parser: argparse.ArgumentParser, role: str) -> None:
                              "[MINEDRAFT_LAUNCH_AHEAD]")
     parser.add_argument("--blas", choices=BLAS_MODES, default=env("BLAS", "auto"),
                         help="the library of the half-precision projections on a GPU: auto = per GEMM shape of each "
-                             "CUDA graph, the fastest of cuBLAS, cuBLASLt and (at most 64 rows) the Triton few-row "
+                             "CUDA graph, the fastest of cuBLAS, cuBLASLt and (at most 128 rows) the Triton few-row "
                              "GEMM timed on this GPU as the graph is captured (eager steps: cuBLAS); cublas or "
                              "cublaslt = that one everywhere [MINEDRAFT_BLAS]")
     parser.add_argument("--capture-batch", type=nonnegative, default=env("CAPTURE_BATCH", "0"),

@@ -1,6 +1,6 @@
 """Triton GEMMs for the few-row projections of decode and verify: y = x @ W^T (+ bias), one kernel per call.
 
-At 1-64 rows a projection only streams its weight: the 8B shape's `o` (4096 x 4096) reads 33.5 MB, about
+At 1-128 rows a projection only streams its weight: the 8B shape's `o` (4096 x 4096) reads 33.5 MB, about
 8 us at an H200's copy rate, and cuBLAS spends 12.7 us on it in two kernels (a split-K GEMM and its
 reduction), `qkv` 15.4 us for an 11.9 us bound (docs/benchmarks/gpu.md). Short kernels lose most to their
 ramp and tail, so these keep a single kernel and fill the GPU with narrow output tiles instead of splitting
