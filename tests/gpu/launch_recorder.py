@@ -83,9 +83,22 @@ def _write(path: str, launches: list[dict]) -> None:
 
 
 def variant(launch: dict) -> str:
-    """The kernel a launch ran, `+tma` where it loads through tensor descriptors."""
+    """The kernel a launch ran, `+tma` where it loads through tensor descriptors, `+channel` where an FP8 GEMM takes
+    one scale per token and weight row (read once, up front, rather than per block)."""
     tma = any(t.startswith("tensordesc") for t in launch["signature"].values())
-    return f"{launch['module'].rsplit('.', 1)[-1]}.{launch['name']}{'+tma' if tma else ''}"
+    channel = launch["constexprs"].get("BLOCK_SCALES") is False
+    suffix = ("+tma" if tma else "") + ("+channel" if channel else "")
+    return f"{launch['module'].rsplit('.', 1)[-1]}.{launch['name']}{suffix}"
+
+
+def touches_before_wait(ptx: str) -> int:
+    """Global-memory accesses in the code before the chain's first wait (a chained kernel may read only constant
+    data there, by prefetch, which this does not count, and write nothing): plain, volatile and atomic loads and
+    stores, reductions, asynchronous and tensor-memory-accelerator copies."""
+    at = ptx.find("griddepcontrol.wait")
+    head = ptx[:at] if at >= 0 else ""
+    return sum(head.count(op) for op in ("ld.global", "ld.volatile.global", "st.global", "st.volatile.global",
+                                         "atom.global", "red.global", "cp.async"))
 
 
 def representatives(launches: list[dict]) -> list[dict]:
@@ -138,7 +151,8 @@ def compile_for_hopper(launch: dict, chain: bool = True, with_resources: bool = 
     return {"kernel": variant(launch), "has_pdl": "PDL" in kernel.arg_names,
             "has_prefetch": "PREFETCH" in kernel.arg_names, "chain": chain,
             "waits": "griddepcontrol.wait" in ptx, "launches_dependents": "griddepcontrol.launch_dependents" in ptx,
-            "prefetches": ptx.count("prefetch.global.L2"), "cubin_bytes": len(compiled.asm["cubin"]),
+            "prefetches": ptx.count("prefetch.global.L2"), "touches_before_wait": touches_before_wait(ptx),
+            "cubin_bytes": len(compiled.asm["cubin"]),
             "constexprs": constexprs, "options": launch["options"], **(resources(ptx) if with_resources else {})}
 
 

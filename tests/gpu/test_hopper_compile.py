@@ -1,8 +1,9 @@
 """Without a GPU: every Triton kernel of the step, as the interpreter tests launch it (the FP8 ones with pointer and
 with tensor-memory-accelerator loads), compiled for Hopper (sm_90)
 by Triton and assembled by ptxas with the dependent chain on, and off (`engine/cuda/pdl.py`). The chain's
-instructions must be in every chained kernel's code and in none without it, and the few-row and FP8 GEMMs must
-send weight lines towards L2 before they wait. On a GPU the kernels compile for real and this skips."""
+instructions must be in every chained kernel's code and in none without it, no chained kernel may read or write
+global memory before its wait (what the kernel before it wrote is visible only after it), and the few-row and FP8 GEMMs
+must send weight lines towards L2 before they wait. On a GPU the kernels compile for real and this skips."""
 
 from __future__ import annotations
 
@@ -27,9 +28,13 @@ CHAINED = {"fused_kernels._add_rms_norm_kernel", "fused_kernels._rope_store_kern
            "paged_attention._paged_attention_kernel", "paged_attention._merge_splits_kernel",
            "fp8_gemm._fp8_gemm_kernel", "fp8_gemm._quant_groups_kernel", "fp8_gemm._quant_rows_kernel",
            "fp8_gemm._sum_chunks_kernel", "fp8_paired._fp8_paired_kernel", "fp8_direct._fp8_direct_kernel",
-           "fp8_gemm._fp8_gemm_kernel+tma", "fp8_paired._fp8_paired_kernel+tma", "fp8_direct._fp8_direct_kernel+tma"}
+           "fp8_gemm._fp8_gemm_kernel+tma", "fp8_paired._fp8_paired_kernel+tma", "fp8_direct._fp8_direct_kernel+tma",
+           *(f"{k}+channel" for k in ("fp8_gemm._fp8_gemm_kernel", "fp8_gemm._fp8_gemm_kernel+tma",
+                                      "fp8_paired._fp8_paired_kernel", "fp8_paired._fp8_paired_kernel+tma",
+                                      "fp8_direct._fp8_direct_kernel", "fp8_direct._fp8_direct_kernel+tma"))}
 PREFETCHING = {"skinny_gemm._skinny_fma_kernel", "skinny_gemm._skinny_dot_kernel", "skinny_split._skinny_split_kernel",
-               "skinny_rope._skinny_rope_kernel", "fp8_gemm._fp8_gemm_kernel", "fp8_gemm._fp8_gemm_kernel+tma"}
+               "skinny_rope._skinny_rope_kernel", "fp8_gemm._fp8_gemm_kernel", "fp8_gemm._fp8_gemm_kernel+tma",
+               "fp8_gemm._fp8_gemm_kernel+channel", "fp8_gemm._fp8_gemm_kernel+tma+channel"}
 
 
 def test_every_step_kernel_compiles_for_hopper_with_the_chain_on_and_off(tmp_path: Path) -> None:
@@ -49,6 +54,7 @@ def test_every_step_kernel_compiles_for_hopper_with_the_chain_on_and_off(tmp_pat
     for kernel in CHAINED:
         on, off = by_chain[(kernel, True)], by_chain[(kernel, False)]
         assert on["waits"] and on["launches_dependents"], kernel
+        assert on["touches_before_wait"] == 0, kernel  # no global read or write before the wait
         assert not (off["waits"] or off["launches_dependents"] or off["prefetches"]), kernel
         assert (on["prefetches"] > 0) == (kernel in PREFETCHING), kernel
         assert on["cubin_bytes"] > 0 and off["cubin_bytes"] > 0

@@ -110,9 +110,6 @@ def _fp8_gemm_kernel(
     # them would hold a whole accumulator's worth of registers); the same product either way.
     row_s = tl.zeros((BLOCK_N,), tl.float32)
     tok_s = tl.zeros((BLOCK_T,), tl.float32)
-    if not BLOCK_SCALES:  # one scale per weight row and per token for the whole of K
-        tok_s = tl.load(xs_ptr + offs_t, mask=t_mask, other=0.0)
-        row_s = tl.load(scale_rows, mask=n_mask, other=0.0)
     # One loop over this program's K blocks; at each chunk's end its sum joins the total (or, split
     # over programs, is written for the ordered addition), so the order is the same either way. A
     # program that covers exactly one chunk (WHOLE_CHUNK) does the same after the loop, branch-free.
@@ -123,6 +120,10 @@ def _fp8_gemm_kernel(
         prefetch_weight_rows(w_ptr + kb_lo * GROUP, offs_n, N, K, (kb_hi - kb_lo) * GROUP, PREFETCH_BLOCKS, GROUP,
                              GROUP)
     chain_wait(PDL)
+    if not BLOCK_SCALES:  # one scale per weight row and per token for the whole of K (the token's come from the
+        # kernel before: read after the wait)
+        tok_s = tl.load(xs_ptr + offs_t, mask=t_mask, other=0.0)
+        row_s = tl.load(scale_rows, mask=n_mask, other=0.0)
     total = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
     acc = tl.zeros((BLOCK_N, BLOCK_T), tl.float32)
     for kb in range(kb_lo, kb_hi):
