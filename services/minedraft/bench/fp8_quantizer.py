@@ -26,6 +26,7 @@ from minedraft.engine.model import CausalLM
 
 WEIGHT_FLOOR = 1e-12  # amax floor, so an all-zero block or row gets a finite scale
 FUSED = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")  # what fuse() sets on each layer's modules
+WEIGHT_FORMATS = {"bf16": "", "fp8": "block", "fp8-channel": "channel"}  # the benches' --weights -> scheme ("": none)
 
 
 def quantize_weight(weight: torch.Tensor, scheme: str = "block") -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,7 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from minedraft.bench.fp8_quantizer import quantize_model
-from minedraft.bench.gpu.blocked_gpu import BlockedGpu
+from minedraft.bench.gpu.blocked_gpu import sleep_cycles
 from minedraft.bench.gpu.fp8_space import shapes_8b
 from minedraft.bench.gpu.fp8_tune import fp8_bytes, graph_us, rotated_weights
 from minedraft.bench.gpu.timing import ceilings, log
@@ -82,7 +82,7 @@ def decode_steps(model, batches: list[int], context: int, deadline: float, skipp
     the host's wall time per step."""
     blocks = sum(batches) * ((context + 64) // 16 + 2)
     runner = ModelRunner(model, blocks, 16, "cuda:0")
-    cycles = BlockedGpu(torch.device("cuda"), sleep_ms=200.0).cycles  # a sleep the host can outrun
+    cycles = sleep_cycles(200.0)  # a sleep the host can outrun
     out: dict[int, dict[str, float]] = {}
     seq = 0
     for b in batches:

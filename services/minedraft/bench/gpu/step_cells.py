@@ -153,7 +153,7 @@ class CellDriver:
                          for b in self.batches}
             executor = self.executor
             self.executor.plane = LoopbackDrafts(  # type: ignore[assignment]
-                per_batch, lambda: executor.drafted, device, land_ms if cell.mode == "sd2" else 0.0)
+                per_batch, lambda: executor.drafted, device, self.land_ms)
 
     def plan(self, first: bool) -> control_pb2.StepPlan:
         mode, step = self.cell.mode, self.step_no

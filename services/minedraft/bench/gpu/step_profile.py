@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from minedraft.bench.flags import add_step_table_flags
-from minedraft.bench.fp8_quantizer import quantize_model
+from minedraft.bench.fp8_quantizer import WEIGHT_FORMATS, quantize_model
 from minedraft.bench.gpu.step_cells import Cell, CellDriver, measure_cell
 from minedraft.bench.gpu.step_report import DRAFTING, MODES, SAMPLINGS, report_lines
 from minedraft.bench.gpu.timing import ceilings, log
@@ -34,7 +34,7 @@ from minedraft.engine.drafter import Drafter
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.verifier import Verifier
 
-WEIGHTS = {"bf16": "", "fp8": "block", "fp8-channel": "channel"}  # weight format -> the quantizer's scheme
+WEIGHTS = WEIGHT_FORMATS  # weight format -> the quantizer's scheme
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,13 +19,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from minedraft.bench.fp8_quantizer import WEIGHT_FORMATS
 from minedraft.bench.gpu.step_report import ModelBytes
 from minedraft.bench.synthetic_pair import SHAPES, SyntheticSpec, full_parameter_shapes
 from minedraft.bench.workload import random_prompts
 from minedraft.engine.config import ModelConfig
 from minedraft.engine.fp8_weights import PROJECTIONS
 
-WEIGHTS = {"bf16": "", "fp8": "block", "fp8-channel": "channel"}  # the target's format -> SyntheticSpec.fp8
+WEIGHTS = WEIGHT_FORMATS  # the target's format -> SyntheticSpec.fp8
 DRAFTERS = ("model", "eagle")
 PROMPT_LEN = 32
 
