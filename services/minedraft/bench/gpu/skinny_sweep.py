@@ -11,10 +11,14 @@ copy bandwidth); `--out` writes every timing as JSON.
 plan chooses among (`engine/blas_ops.py`): each library's GEMM followed by the separate kernel against every
 config of the fused form (the K-split ones too where the form has them); their error is not checked here
 (`tests/gpu/test_skinny_gemm.py` and `test_skinny_rope.py` check their bits against the separate kernels).
+`--configs` narrows the Triton side to the configs whose names contain one of its comma-separated parts
+(`--configs k2,k4`: the K-split ones).
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import sys
 
 import torch
@@ -42,7 +46,12 @@ def fused_configs(op: str, m: int) -> list:
     return fit if op == "glu" else [c for c in fit if fits_heads(c, 128)]
 
 
-def measure(ms: list[int], shapes: list[str]) -> dict:
+def chosen(configs: list, parts: tuple[str, ...]) -> list:
+    """The configs whose names contain one of `parts` (all of them where there are none)."""
+    return [c for c in configs if not parts or any(part in c.name for part in parts)]
+
+
+def measure(ms: list[int], shapes: list[str], parts: tuple[str, ...] = ()) -> dict:
     from minedraft.engine.blas_ops import prefix
     from minedraft.engine.blas_plan import TRITON, gemm_ms, set_library, triton_linear
     from minedraft.engine.cuda.skinny_configs import configs_for
@@ -63,10 +72,12 @@ def measure(ms: list[int], shapes: list[str]) -> dict:
                 set_library(lib)
                 cell[f"{lib}_err"] = relative_error(F.linear(x, weights[0]), ref)
             set_library("cublas")
-            for config in (configs_for(m) if op == "linear" else fused_configs(op, m)):
+            for config in chosen(configs_for(m) if op == "linear" else fused_configs(op, m), parts):
                 choice = TRITON + config.name
                 err = relative_error(triton_linear(choice, x, weights[0], None), ref) if op == "linear" else None
                 cell["configs"][config.name] = {"us": gemm_ms(prefix(op) + choice, m, weights) * 1e3, "err": err}
+            if not cell["configs"]:
+                raise SystemExit(f"no config of {name} at {m} rows matches --configs {','.join(parts)}")
             best = min(cell["configs"].items(), key=lambda kv: kv[1]["us"])
             blas = min(cell["cublas_us"], cell["cublaslt_us"])
             cell["best"] = best[0]
@@ -82,7 +93,12 @@ def measure(ms: list[int], shapes: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli("minedraft.bench.gpu.skinny_sweep", __doc__, measure, "1,5,16,32,64", "qkv,o,gate_up,down", argv)
+    narrow = argparse.ArgumentParser(add_help=False)
+    narrow.add_argument("--configs", default="", help="time only configs whose names contain one of these")
+    known, rest = narrow.parse_known_args(argv)
+    parts = tuple(part for part in known.configs.split(",") if part)
+    return run_cli("minedraft.bench.gpu.skinny_sweep", __doc__, functools.partial(measure, parts=parts),
+                   "1,5,16,32,64", "qkv,o,gate_up,down", rest)
 
 
 if __name__ == "__main__":
