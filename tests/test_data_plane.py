@@ -1,4 +1,5 @@
-"""The draft <-> verifier data plane over gloo: payloads arrive intact, small and oversized."""
+"""The draft <-> verifier data plane over gloo: payloads arrive intact, small and oversized, read on the host or
+taken unread from a posted receive (with a sampled batch's draft probabilities)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import multiprocessing as mp
 import torch
 import torch.distributed as dist
 
-from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_verdict_header, split_verdict_frame
+from minedraft.worker.data_frames import (
+    DraftPayload,
+    VerdictPayload,
+    expected_header,
+    expected_verdict_header,
+    split_verdict_frame,
+)
 from minedraft.worker.data_plane import DRAFT_RANK, VERIFIER_RANK, DataPlane
 from minedraft.worker.rendezvous import host_store
 
@@ -22,7 +29,9 @@ def payloads(batch: int, k: int, sampled: bool) -> tuple[DraftPayload, VerdictPa
     return DraftPayload(3, ids, tokens, probs), VerdictPayload(4, ids, verdict_tokens, accepted)
 
 
-CASES = [(1, 1, False), (5, 4, True), (2000, 6, False)]  # the last one overflows the first frame
+# the third overflows the first frame; the fourth the verifier takes unread from a posted receive, its draft
+# probabilities too (their width known from the second)
+CASES = [(1, 1, False), (5, 4, True), (2000, 6, False), (3, 2, True)]
 
 
 def draft_side(port: int, queue: mp.Queue) -> None:
@@ -56,8 +65,18 @@ def test_payloads_cross_intact_including_oversized_batches() -> None:
     peer.start()
     plane = DataPlane(VERIFIER_RANK, 0, store, "gloo", torch.device("cpu"))
     try:
-        for batch, k, sampled in CASES:
+        for case, (batch, k, sampled) in enumerate(CASES):
             drafts, verdict = payloads(batch, k, sampled)
+            plane.post_drafts_receive()
+            if case == 0:  # no frame with probabilities yet: their width is unknown, so the frame is read first
+                assert plane.draft_vocab is None and plane.take_posted_drafts(batch, k, sampled=True) is None
+            if case == 3:
+                posted = plane.take_posted_drafts(batch, k, sampled=True)
+                assert posted is not None and posted.probs is not None
+                assert posted.header.tolist() == expected_header(drafts.step, drafts.seq_ids, k, 33)
+                assert torch.equal(posted.tokens, drafts.tokens) and torch.equal(posted.probs, drafts.probs)
+                plane.send_verdict(verdict)
+                continue
             got = plane.recv_drafts()
             assert got.step == drafts.step and got.seq_ids == drafts.seq_ids
             assert torch.equal(got.tokens, drafts.tokens)

@@ -66,9 +66,12 @@ def test_a_batch_being_verified_now_is_never_launched_ahead() -> None:
 def test_rows_that_need_their_own_path_are_not_launched() -> None:
     current, nxt = plans()
     prompt_pending = SeqState(4, [5, 6, 7], SamplingParams(max_tokens=8), cached=0)  # first verify: a prefill
-    sampled = SeqState(4, [5, 6, 7], SamplingParams(max_tokens=8, temperature=0.7), cached=2)  # needs q
-    for state in (prompt_pending, sampled):
-        assert launchable_ids(worker(s4=state), current, [1, 2], nxt) is None
+    assert launchable_ids(worker(s4=prompt_pending), current, [1, 2], nxt) is None
+    # a sampled row launches, its draft probabilities received behind the frame; not where tensor-parallel
+    # followers would have to judge a broken step again (sampled=False)
+    sampled = SeqState(4, [5, 6, 7], SamplingParams(max_tokens=8, temperature=0.7), cached=2)
+    assert launchable_ids(worker(s4=sampled), current, [1, 2], nxt) == [3, 4]
+    assert launchable_ids(worker(s4=sampled), current, [1, 2], nxt, sampled=False) is None
     gone = worker()
     del gone.seqs[3]
     assert launchable_ids(gone, current, [1, 2], nxt) is None

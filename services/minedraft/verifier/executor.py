@@ -8,7 +8,6 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from minedraft.engine.drafter import Proposal
 from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.readback import Readback, device_mark
 from minedraft.engine.verifier import Verifier
@@ -17,7 +16,15 @@ from minedraft.verifier.ar_ahead import held, launch_ar
 from minedraft.verifier.colocated import ColocatedDrafter, verified_lengths
 from minedraft.verifier.draft_rows import align_drafts
 from minedraft.verifier.launch_ahead import LaunchedStep, await_next, launchable_ids
-from minedraft.verifier.posted_drafts import DraftedBatch, PostedProposal, mismatch, take_posted
+from minedraft.verifier.posted_drafts import (
+    DraftedBatch,
+    PostedProposal,
+    judged_without_drafts,
+    mismatch,
+    take_drafts,
+    take_posted,
+    vocab_of,
+)
 from minedraft.verifier.verdict_event import add_verdicts
 from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_header
 from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError
@@ -148,6 +155,8 @@ class VerifierExecutor(PlaneOwner):
             readback = self.worker.read_back(verdict, started)
             if posted is not None and posted.broken(self.plane):
                 self._plane_lost(event, posted.mismatch(plan.step), logging.ERROR)
+                if posted.proposal.probs is not None:
+                    readback, proposal = judged_without_drafts(self.worker, ids, plan.send_verdict, self.device), None
             if here and self.launch_ahead:  # the next drafts go right behind the verify (colocated_ahead.py)
                 self.colocated.draft_ahead(plan, ids, proposal, verdict)  # type: ignore[union-attr]
             self._launch_next(plan, ids, event, readback, None if plan.with_drafts else verdict.tokens)
@@ -192,25 +201,22 @@ class VerifierExecutor(PlaneOwner):
             return
         # Drafts TETRIS selected (plan.draft_budget) are ragged: their lengths are read on the host first.
         ragged = plan.draft_budget > 0
-        next_ids = launchable_ids(self.worker, plan, ids, nxt) if self.drafts_pending and not ragged else None
+        sampled = self.followers is None  # a follower could not judge a broken sampled step again
+        next_ids = launchable_ids(self.worker, plan, ids, nxt, sampled) if self.drafts_pending and not ragged else None
         if next_ids is None:
             return
         next_event = control_pb2.WorkerEvent(step=nxt.step)
         timing = next_event.timing
         try:
             with timed(timing, "compute_ms"):
-                posted = self.plane.take_posted_drafts(len(next_ids), plan.k)
-                if posted is None:
+                if (posted := take_drafts(self.worker, self.plane, next_ids, plan.k)) is None:
                     return
-                header = Readback(posted.header)  # ready when the drafts are, before the verify runs
+                proposal, header = posted
                 started = device_mark(self.device)  # the verify's GPU time starts once its drafts are in
                 apply_membership(self.worker, nxt)
-                # A frame cut short by an abort holds garbage: keep every id valid (greedy verification is
-                # exact whatever the drafts, and the step is reported lost at commit).
-                drafts = posted.tokens.clamp(0, self.worker.vocab_size - 1)
                 if self.followers is not None:
-                    self.followers.send(KIND_PLAN, nxt, Proposal(drafts, None), ahead=True)
-                verdict = self.worker.judge(next_ids, Proposal(drafts, None))
+                    self.followers.send(KIND_PLAN, nxt, proposal, ahead=True)
+                verdict = self.worker.judge(next_ids, proposal)
         except DataPlaneError as exc:
             self._plane_lost(event, f"draft service lost at step {plan.step}: {exc}")
             return
@@ -220,7 +226,8 @@ class VerifierExecutor(PlaneOwner):
         payload = VerdictPayload(nxt.step, next_ids, verdict.tokens, verdict.accepted, hidden)
         self._hand_on(nxt, payload, timing, next_event)
         self.launched = LaunchedStep(nxt, next_ids, next_event, self.worker.read_back(verdict, started), header,
-                                     expected_header(plan.step, next_ids, plan.k))
+                                     expected_header(plan.step, next_ids, plan.k, vocab_of(proposal)),
+                                     sampled=proposal.probs is not None)
         if not self.launched_count:
             log.info("verifies are launched ahead (first: step %d, queued during step %d)", nxt.step, plan.step)
         self.launched_count += 1
@@ -231,6 +238,8 @@ class VerifierExecutor(PlaneOwner):
         header = launched.header.tolist() if launched.header is not None else None  # None: an AR step
         if header is not None and (header != launched.expected_header or getattr(self.plane, "aborted", False)):
             self._plane_lost(event, mismatch(plan.step, header, launched.expected_header), logging.ERROR)
+            if launched.sampled:
+                launched.readback = judged_without_drafts(self.worker, launched.ids, plan.send_verdict, self.device)
         self._launch_next(plan, launched.ids, event, launched.readback, launched.tokens)
         self._commit(launched.ids, launched.readback, event)
         self.last_step = plan.step
@@ -246,7 +255,7 @@ class VerifierExecutor(PlaneOwner):
         plane, drafted = self.plane, self.drafted
         if not (self.launch_ahead and self.drafts_pending) or plane is None or drafted is None or self.colocated:
             return None
-        posted = take_posted(self.worker, plane, drafted, plan)
+        posted = take_posted(self.worker, plane, drafted, plan, sampled=self.followers is None)
         if posted is not None and not self.posted_count:
             log.info("verifies are queued before their drafts are read (first: step %d)", plan.step)
         self.posted_count += posted is not None

@@ -10,8 +10,10 @@ longer idles through the host's read-back, bookkeeping, event and next-plan prep
 Only the plain case is launched ahead: the next plan verifies exactly the batch this plan drafts (same
 order), none of whose rows this plan verifies (in sequential SD the next verify starts where this
 verdict leaves each row, which the host learns at the commit), removes none of this plan's sequences,
-every row is greedy and in the steady state (one committed token not yet in the KV) and asks for no
-logprobs or grammar (`host_free`), the colocated draft is off, and the payload fits one frame. Logits
+every row is in the steady state (one committed token not yet in the KV) and asks for no logprobs or
+grammar (`host_free`), the colocated draft is off, and the payload fits one frame. Rows that sample go too
+(not under tensor parallelism): the draft probabilities that follow their frame are received into the
+device behind it, once an earlier frame has told their width. Logits
 processing (penalties, biases, min_tokens) runs as on the ordinary path: B's history on the host is
 whole, since its previous verdict (step i - 1) was committed in the turn before, and the processing
 tables are per sequence, so A's commit behind the launched verify changes nothing B reads.
@@ -19,7 +21,8 @@ Everything else takes the ordinary path. Tensor-parallel followers get the plan 
 channel and queue the same verify ahead (verifier/tp_follower.py). The drafts' header travels back
 with the verdict and is checked when the step commits; a mismatch (which the plan rules out) is
 reported as a broken data plane, so the draft service is re-synced. Greedy verification is exact for
-any drafts, so even then no output token is wrong.
+any drafts, so even then no output token is wrong; a sampled step whose frame was broken is judged again
+without drafts (sampled verification is exact only with the drafts' true probabilities).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class LaunchedStep:
     header: Readback | None  # the draft frame's header and sequence ids (None: an AR step, verifier/ar_ahead.py)
     expected_header: list[int]
     tokens: torch.Tensor | None = None  # an AR step's verdict tokens [B, 1], on the device: the next AR step's input
+    sampled: bool = False  # a row samples: the drafts' probabilities came with them
 
 
 def host_free(params: SamplingParams) -> bool:
@@ -57,8 +61,9 @@ def host_free(params: SamplingParams) -> bool:
 
 
 def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids: list[int],
-                   nxt: control_pb2.StepPlan) -> list[int] | None:
-    """The next plan's verify batch when its verify may be queued now, else None."""
+                   nxt: control_pb2.StepPlan, sampled: bool = True) -> list[int] | None:
+    """The next plan's verify batch when its verify may be queued now, else None (`sampled`: rows that sample
+    may go too)."""
     drafted = list(current.draft_batch)
     if nxt.step != current.step + 1 or not nxt.with_drafts or not current.with_drafts or not drafted:
         return None
@@ -66,17 +71,26 @@ def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids:
         return None
     if not set(drafted).isdisjoint(current_ids):  # sequential SD: a row's next start is this verdict's, unread yet
         return None
-    return drafted if device_rows(worker, drafted) else None
+    return drafted if device_rows(worker, drafted, sampled) else None
 
 
-def device_rows(worker: Verifier, ids: list[int]) -> bool:
+def device_rows(worker: Verifier, ids: list[int], sampled: bool = True) -> bool:
     """Whether a verify of `ids` can take its drafts as device tokens, unread: every row is held, in the steady
-    state (one committed token not yet in the KV), greedy (no draft probabilities to receive) and host-free."""
+    state (one committed token not yet in the KV) and host-free; greedy too unless `sampled` (the draft
+    probabilities of a batch with a sampled row are received into the device as well)."""
     for seq_id in ids:
         st = worker.seqs.get(seq_id)
-        if st is None or st.length - st.cached != 1 or not st.params.greedy or not host_free(st.params):
+        if st is None or st.length - st.cached != 1 or not host_free(st.params):
+            return False
+        if not sampled and not st.params.greedy:
             return False
     return True
+
+
+def samples(worker: Verifier, ids: list[int]) -> bool:
+    """Whether a row of the batch samples: then the draft service sends the drafts' probabilities after the
+    frame (engine/sampling.sample_tokens gives them for any batch that is not all greedy)."""
+    return not all(worker.seqs[s].params.greedy for s in ids)
 
 
 def await_next(upcoming: Callable[[], control_pb2.StepPlan | None], readback: Readback

@@ -41,11 +41,13 @@ class DraftPayload:
 class PostedDrafts:
     tokens: torch.Tensor  # [B, k] on the device, valid once the stream reaches them
     header: torch.Tensor  # step, batch, k, has_probs, vocab, body length, then the B sequence ids
+    probs: torch.Tensor | None = None  # [B, k, V] draft probabilities when a row samples, likewise
 
 
-def expected_header(step: int, seq_ids: list[int], k: int) -> list[int]:
-    """What a posted frame's header must hold for an all-greedy payload of these sequences."""
-    return [step, len(seq_ids), k, 0, 0, len(seq_ids) * (k + 1), *seq_ids]
+def expected_header(step: int, seq_ids: list[int], k: int, vocab: int = 0) -> list[int]:
+    """What a posted frame's header must hold for a payload of these sequences: all-greedy, or (`vocab`, the
+    width of the probabilities that follow the frame) with a sampled row."""
+    return [step, len(seq_ids), k, int(vocab > 0), vocab, len(seq_ids) * (k + 1), *seq_ids]
 
 
 @dataclass(slots=True)

@@ -65,6 +65,7 @@ class DataPlane:
         self._keep: list[torch.Tensor] = []
         self._posted: dict[str, tuple[torch.Tensor, dist.Work]] = {}  # a frame's receive per channel, queued early
         self.verdict_states: tuple[int, int] | None = None  # the head's states' width and dtype code, once seen
+        self.draft_vocab: int | None = None  # the width of the draft probabilities, once a frame with them is read
         report = nccl_log() if backend == "nccl" else None
         report_start = report.mark() if report is not None else 0
         try:
@@ -153,16 +154,21 @@ class DataPlane:
         except Exception as exc:
             raise DataPlaneError(f"receive from peer failed: {exc}") from exc
 
-    def take_posted_drafts(self, batch: int, k: int) -> PostedDrafts | None:
+    def take_posted_drafts(self, batch: int, k: int, sampled: bool = False) -> PostedDrafts | None:
         """The posted draft frame as device views, for a verify queued before the frame is read on the
         host (launch-ahead): its tokens [batch, k] (the stream waits for the receive, the host does
-        not) and its header + sequence ids, which the caller checks once it reads them back. None when
-        no receive is posted or the payload would not fit one frame."""
+        not) and its header + sequence ids, which the caller checks once it reads them back. With `sampled`
+        (a row of the batch samples, so the draft probabilities [batch, k, vocab] follow the frame) their
+        receive is queued too, the same way. None when no receive is posted, the payload would not fit one
+        frame, or the probabilities' width is not known yet (no frame with them has been read)."""
         if "drafts" not in self._posted or batch + batch * k > FRAME_SLOTS - HEADER_SLOTS:
+            return None
+        if sampled and self.draft_vocab is None:
             return None
         frame = self._claim_posted("drafts")
         tokens = frame[HEADER_SLOTS + batch : HEADER_SLOTS + batch + batch * k].view(batch, k)
-        return PostedDrafts(tokens, frame[: HEADER_SLOTS + batch])
+        probs = self._recv((batch, k, self.draft_vocab), torch.float32, "drafts") if sampled else None
+        return PostedDrafts(tokens, frame[: HEADER_SLOTS + batch], probs)
 
     def take_posted_verdict(self, batch: int, k: int, hidden: bool = False) -> PostedVerdict | None:
         """The posted verdict frame as device views (accepted counts, token rows, header), for drafts
@@ -223,6 +229,8 @@ class DataPlane:
     def recv_drafts(self) -> DraftPayload:
         (step, batch, k, has_probs, vocab, _), host, body = self._recv_frame("drafts")
         probs = self._recv((batch, k, vocab), torch.float32, "drafts") if has_probs else None
+        if has_probs:
+            self.draft_vocab = vocab
         lengths = ragged_lengths(host[batch:].view(batch, k))  # TETRIS rows: their verified drafts
         return DraftPayload(step, host[:batch].tolist(), body[batch:].view(batch, k), probs, lengths)
 

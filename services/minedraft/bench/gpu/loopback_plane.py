@@ -83,10 +83,11 @@ class LoopbackDrafts:
         self.queue.append((drafted.step, list(drafted.ids), drafted.k, self._landing()))
         self.posted += 1
 
-    def take_posted_drafts(self, batch: int, k: int) -> PostedDrafts | None:
+    def take_posted_drafts(self, batch: int, k: int, sampled: bool = False) -> PostedDrafts | None:
         """The oldest posted frame as device views, when one is posted and holds `batch` rows of k drafts (the
-        stream waits for it to land, the host does not)."""
-        if not self.queue or (len(self.queue[0][1]), self.queue[0][2]) != (batch, k):
+        stream waits for it to land, the host does not); the cells' rows are greedy, so no frame carries draft
+        probabilities (`sampled`: never taken)."""
+        if sampled or not self.queue or (len(self.queue[0][1]), self.queue[0][2]) != (batch, k):
             return None
         step, ids, k, landed = self.queue.popleft()
         if landed is not None:
