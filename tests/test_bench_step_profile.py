@@ -147,6 +147,10 @@ def test_the_sweeps_flags_make_the_cells() -> None:
         ("ar", 1, 0), ("ar", 64, 0), ("verify", 1, 4), ("verify", 64, 4), ("fused", 1, 4), ("fused", 64, 4)]
     with pytest.raises(SystemExit, match="unknown weights"):
         StepConfig.from_args(sweep_args(["--weights", "int4"]))
+    # sampled rows only: SD-2GPU's verify still has the (greedy) draft cell it takes its drafts' landing from
+    sampled = StepConfig.from_args(sweep_args(["--step-only", "--step-batches", "16", "--step-ks", "4",
+                                               "--step-modes", "sd2", "--step-sampling", "sampled"]))
+    assert [(c.mode, c.sampling) for c in sampled.cells()] == [("draft", "greedy"), ("sd2", "sampled")]
 
 
 def test_every_cell_kind_runs_on_the_cpu_in_both_weight_formats(tmp_path: Path) -> None:

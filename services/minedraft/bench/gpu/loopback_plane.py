@@ -4,9 +4,10 @@ In PSD the verifier judges one batch while the draft service drafts the other; t
 arrive in a receive posted on the GPU stream, so the verifier queues the next verify before it reads this
 one back (verifier/launch_ahead.py). To time that loop on one GPU without a draft service, this object
 answers the verifier executor's data-plane calls as a link whose drafts are always there: each batch's
-drafts are fixed tokens already on the device, and a posted frame's header says what the draft service's
-would (the step that drafted it, the batch, k, the sequence ids), so the executor's own checks of it pass
-or fail exactly as on a real link. Verdicts are not sent: the cell's plans ask for none.
+drafts are fixed tokens already on the device (with fixed probabilities when the rows sample), and a posted
+frame's header says what the draft service's would (the step that drafted it, the batch, k, whether
+probabilities follow and their width, the sequence ids), so the executor's own checks of it pass or fail
+exactly as on a real link. Verdicts are not sent: the cell's plans ask for none.
 
 With `land_ms` (CUDA) a frame lands that long after the work queued before its receive was posted: a side
 stream waits for the verifier's stream there, as NCCL's does, then sleeps, and a verify that takes the frame
@@ -54,8 +55,10 @@ class LoopbackDrafts:
     aborted = False
 
     def __init__(self, drafts: dict[tuple[int, ...], torch.Tensor], drafted: Callable[[], DraftedBatch | None],
-                 device: torch.device, land_ms: float = 0.0) -> None:
+                 device: torch.device, land_ms: float = 0.0,
+                 probs: dict[tuple[int, ...], torch.Tensor] | None = None) -> None:
         self.drafts = drafts  # per batch (its sequence ids in order): [B, k] token ids on the device
+        self.probs = probs  # ... and, for sampled rows, their [B, k, V] draft probabilities
         self.drafted = drafted
         self.device = device
         self.land_cycles = sleep_cycles(land_ms) if land_ms > 0 and device.type == "cuda" else 0
@@ -85,16 +88,20 @@ class LoopbackDrafts:
 
     def take_posted_drafts(self, batch: int, k: int, sampled: bool = False) -> PostedDrafts | None:
         """The oldest posted frame as device views, when one is posted and holds `batch` rows of k drafts (the
-        stream waits for it to land, the host does not); the cells' rows are greedy, so no frame carries draft
-        probabilities (`sampled`: never taken)."""
-        if sampled or not self.queue or (len(self.queue[0][1]), self.queue[0][2]) != (batch, k):
+        stream waits for it to land, the host does not), with their probabilities where `sampled` (the link
+        must hold them then: a real one has learnt their width)."""
+        if not self.queue or (len(self.queue[0][1]), self.queue[0][2]) != (batch, k):
+            return None
+        if sampled != (self.probs is not None):
             return None
         step, ids, k, landed = self.queue.popleft()
         if landed is not None:
             torch.cuda.current_stream(self.device).wait_event(landed)
         self.taken += 1
-        header = to_device(torch.tensor(expected_header(step, ids, k), dtype=torch.long), self.device)
-        return PostedDrafts(self.drafts[tuple(ids)], header)
+        probs = self.probs[tuple(ids)] if self.probs is not None else None
+        vocab = probs.shape[-1] if probs is not None else 0
+        header = to_device(torch.tensor(expected_header(step, ids, k, vocab), dtype=torch.long), self.device)
+        return PostedDrafts(self.drafts[tuple(ids)], header, probs)
 
     def recv_drafts(self) -> DraftPayload:
         """The oldest posted frame, read on the host once it has landed (every receive is posted first: the
@@ -103,7 +110,8 @@ class LoopbackDrafts:
         if landed is not None:
             landed.synchronize()
         self.received += 1
-        return DraftPayload(step, ids, self.drafts[tuple(ids)], None)
+        probs = self.probs[tuple(ids)] if self.probs is not None else None
+        return DraftPayload(step, ids, self.drafts[tuple(ids)], probs)
 
     def abort(self) -> None:
         self.aborted = True

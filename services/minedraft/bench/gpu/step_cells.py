@@ -101,15 +101,26 @@ def phase_hooks() -> list[Hook]:
     ]
 
 
-def greedy_spec(seq_id: int, tokens: list[int], sampling: str = "greedy") -> control_pb2.SeqSpec:
-    """A greedy row; `penalties`: with the penalties the sampling-features bench uses (bench/sampling_features.py)."""
+def row_spec(seq_id: int, tokens: list[int], sampling: str = "greedy", seed: int = 0) -> control_pb2.SeqSpec:
+    """A greedy row; `penalties`: with the penalties the sampling-features bench uses (bench/sampling_features.py);
+    `sampled`: drawn at temperature 0.8 with its own seed."""
     spec = control_pb2.SeqSpec(seq_id=seq_id, tokens=tokens, prompt_len=len(tokens))
     spec.sampling.top_p = 1.0
     if sampling == "penalties":
         spec.sampling.repetition_penalty = 1.1
         spec.sampling.frequency_penalty = 0.5
         spec.sampling.presence_penalty = 0.5
+    if sampling == "sampled":
+        spec.sampling.temperature = 0.8
+        spec.sampling.seed = seed
     return spec
+
+
+def draft_probs(batch: int, k: int, vocab: int, device: torch.device) -> torch.Tensor:
+    """Fixed draft probabilities [batch, k, vocab] for sampled rows' drafts (each slot a distribution), as the
+    draft service sends them after a frame whose batch samples."""
+    q = torch.rand((batch, k, vocab), device=device, dtype=torch.float32)
+    return q / q.sum(dim=-1, keepdim=True)
 
 
 class CellDriver:
@@ -141,19 +152,20 @@ class CellDriver:
             self.executor = VerifierExecutor(verifier, None, "", 0, colocated=colocated,  # type: ignore[arg-type]
                                              launch_ahead=True)  # as a verifier on one GPU runs (auto)
             self.executor.upcoming = lambda: self.plan(False) if self.ahead else None
-        device = verifier.runner.device
+        device, vocab, sampled = verifier.runner.device, verifier.vocab_size, cell.sampling == "sampled"
         if cell.mode == "verify":
-            vocab = verifier.vocab_size
             drafts = torch.randint(3, vocab, (cell.batch, cell.k), device=device)
+            probs = draft_probs(cell.batch, cell.k, vocab, device) if sampled else None
             self.executor._receive_drafts = (  # type: ignore[method-assign, union-attr]
-                lambda timing, here: DraftPayload(self.step_no, self.ids, drafts, None))
+                lambda timing, here: DraftPayload(self.step_no, self.ids, drafts, probs))
         if cell.mode in ("psd", "sd2"):
             assert self.executor is not None
-            per_batch = {tuple(b): torch.randint(3, verifier.vocab_size, (len(b), cell.k), device=device)
-                         for b in self.batches}
+            per_batch = {tuple(b): torch.randint(3, vocab, (len(b), cell.k), device=device) for b in self.batches}
+            probs_per_batch = ({ids: draft_probs(len(ids), cell.k, vocab, device) for ids in per_batch} if sampled
+                               else None)
             executor = self.executor
             self.executor.plane = LoopbackDrafts(  # type: ignore[assignment]
-                per_batch, lambda: executor.drafted, device, self.land_ms)
+                per_batch, lambda: executor.drafted, device, self.land_ms, probs_per_batch)
 
     def plan(self, first: bool) -> control_pb2.StepPlan:
         mode, step = self.cell.mode, self.step_no
@@ -162,14 +174,15 @@ class CellDriver:
             plan = control_pb2.StepPlan(step=step, draft_batch=ids, k=self.cell.k, with_drafts=True, send_verdict=True,
                                         verify_batch=self.batches[(step + 1) % 2] if step else [])
             if first:
-                plan.add.extend(greedy_spec(s, p) for s, p in zip(self.ids, self.prompts, strict=True))
+                plan.add.extend(row_spec(s, p) for s, p in zip(self.ids, self.prompts, strict=True))
             return plan
         drafted = {"fused": ids, "sd2": ids, "psd": self.batches[(step + 1) % len(self.batches)]}.get(mode, [])
         plan = control_pb2.StepPlan(step=step, verify_batch=ids, k=self.cell.k,
                                     with_drafts=mode in ("verify", "fused", "psd", "sd2"), draft_here=mode == "fused",
                                     draft_batch=drafted)
         if first:
-            plan.add.extend(greedy_spec(s, p, self.cell.sampling) for s, p in zip(self.ids, self.prompts, strict=True))
+            plan.add.extend(row_spec(s, p, self.cell.sampling, seed=i)
+                            for i, (s, p) in enumerate(zip(self.ids, self.prompts, strict=True)))
         return plan
 
     def setup(self) -> None:

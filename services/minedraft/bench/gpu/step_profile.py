@@ -71,14 +71,15 @@ class StepConfig:
     def cells(self) -> list[Cell]:
         """AR first, then per k the verify, PSD's verify, the fused cycle, the draft and SD-2GPU's verify (whose
         drafts land the draft cell's GPU time after each verify: "sd2" brings the draft cells along); each once per
-        sampling, next to each other (the draft's rows are never processed: greedy only)."""
+        sampling, next to each other (the draft's rows are never processed: its cells run once, greedy, whatever
+        the samplings, so SD-2GPU's sampled verifies take their landing from the greedy draft cell)."""
         modes = {*self.modes, "draft"} if "sd2" in self.modes else set(self.modes)
         order = [m for m in ("ar", "verify", "psd", "fused", "draft", "sd2", "psd-draft") if m in modes]
         out = [Cell("ar", b, 0) for b in self.batches] if "ar" in order else []
         for k in self.ks:
             out += [Cell(mode, b, k) for mode in order if mode != "ar" for b in self.batches]
-        return [Cell(c.mode, c.batch, c.k, s) for c in out for s in self.samplings
-                if s == "greedy" or c.mode not in DRAFTING]
+        return [Cell(c.mode, c.batch, c.k, s) for c in out
+                for s in (("greedy",) if c.mode in DRAFTING else self.samplings)]
 
 
 def load(cfg: StepConfig, role: str, weights: str) -> torch.nn.Module:
