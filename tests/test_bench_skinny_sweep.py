@@ -29,10 +29,11 @@ def test_the_command_line_hands_the_filter_to_the_sweep(monkeypatch: pytest.Monk
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     seen: dict = {}
 
-    def fake_measure(ms: list[int], shapes: list[str], parts: tuple[str, ...] = ()) -> dict:
-        seen.update(ms=ms, shapes=shapes, parts=parts)
+    def fake_measure(ms: list[int], shapes: list[str], configs: str = "") -> dict:
+        seen.update(ms=ms, shapes=shapes, configs=configs)
         return {}
 
     monkeypatch.setattr(skinny_sweep, "measure", fake_measure)
     assert skinny_sweep.main(["--ms", "80", "--shapes", "o,down", "--configs", "k2,k4"]) == 0
-    assert seen == {"ms": [80], "shapes": ["o", "down"], "parts": ("k2", "k4")}
+    assert seen == {"ms": [80], "shapes": ["o", "down"], "configs": "k2,k4"}
+    assert skinny_sweep.main(["--ms", "1"]) == 0 and seen["configs"] == ""  # every config

@@ -93,19 +93,23 @@ def measure(ms: list[int], shapes: list[str]) -> dict:
     return {"copy_GBps": copy, "rows": rows}
 
 
-def run_cli(prog: str, doc: str | None, measure_fn: Callable[[list[int], list[str]], dict], ms: str, shapes: str,
-            argv: list[str] | None) -> int:
-    """The command line of a per-projection GEMM timing: row counts, projections, an optional JSON file."""
+def run_cli(prog: str, doc: str | None, measure_fn: Callable[..., dict], ms: str, shapes: str,
+            argv: list[str] | None, options: dict[str, str] | None = None) -> int:
+    """The command line of a per-projection GEMM timing: row counts, projections, an optional JSON file, and
+    `options` (name: help) of the timing's own, strings passed to `measure_fn` by name."""
     p = argparse.ArgumentParser(prog=f"python3 -m {prog}", description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ms", default=ms, help="token counts (GEMM rows)")
     p.add_argument("--shapes", default=shapes, help=f"projections, of {', '.join(SHAPES)}")
     p.add_argument("--out", default="")
+    for name, text in (options or {}).items():
+        p.add_argument(f"--{name}", default="", help=text)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
-    results = measure_fn([int(m) for m in args.ms.split(",")], args.shapes.split(","))
+    extra = {name: getattr(args, name) for name in options or {}}
+    results = measure_fn([int(m) for m in args.ms.split(",")], args.shapes.split(","), **extra)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     return 0

@@ -17,8 +17,6 @@ config of the fused form (the K-split ones too where the form has them); their e
 
 from __future__ import annotations
 
-import argparse
-import functools
 import sys
 
 import torch
@@ -51,11 +49,12 @@ def chosen(configs: list, parts: tuple[str, ...]) -> list:
     return [c for c in configs if not parts or any(part in c.name for part in parts)]
 
 
-def measure(ms: list[int], shapes: list[str], parts: tuple[str, ...] = ()) -> dict:
+def measure(ms: list[int], shapes: list[str], configs: str = "") -> dict:
     from minedraft.engine.blas_ops import prefix
     from minedraft.engine.blas_plan import TRITON, gemm_ms, set_library, triton_linear
     from minedraft.engine.cuda.skinny_configs import configs_for
 
+    parts = tuple(part for part in configs.split(",") if part)
     copy = ceilings()["copy_GBps"]
     cells = []
     for name in shapes:
@@ -93,12 +92,8 @@ def measure(ms: list[int], shapes: list[str], parts: tuple[str, ...] = ()) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    narrow = argparse.ArgumentParser(add_help=False)
-    narrow.add_argument("--configs", default="", help="time only configs whose names contain one of these")
-    known, rest = narrow.parse_known_args(argv)
-    parts = tuple(part for part in known.configs.split(",") if part)
-    return run_cli("minedraft.bench.gpu.skinny_sweep", __doc__, functools.partial(measure, parts=parts),
-                   "1,5,16,32,64", "qkv,o,gate_up,down", rest)
+    return run_cli("minedraft.bench.gpu.skinny_sweep", __doc__, measure, "1,5,16,32,64", "qkv,o,gate_up,down", argv,
+                   {"configs": "comma list: time only the Triton configs whose names contain one of these"})
 
 
 if __name__ == "__main__":
