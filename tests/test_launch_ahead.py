@@ -11,7 +11,7 @@ from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.structured import StructuredOutput
 from minedraft.engine.sequence import SeqState
 from minedraft.proto import control_pb2
-from minedraft.verifier.launch_ahead import launchable_ids
+from minedraft.verifier.launch_ahead import host_free, launchable_ids
 
 
 def worker(**overrides: SeqState) -> SimpleNamespace:
@@ -79,12 +79,14 @@ def test_rows_that_need_their_own_path_are_not_launched() -> None:
 
 def test_penalised_rows_launch_and_rows_that_need_the_host_between_steps_do_not() -> None:
     """Penalties, biases and min_tokens run on the device from the batch's committed history, which is whole
-    before the step is queued; logprobs are read back and a grammar advances on the host between steps."""
+    before the step is queued, and a verify computes its rows' logprobs on the device beside the verdict; a
+    grammar advances on the host between steps."""
     current, nxt = plans()
     penalised = SamplingParams(max_tokens=8, repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=-0.5,
                                logit_bias={3: 2.0}, min_tokens=4)
     assert launchable_ids(worker(s4=SeqState(4, [5, 6, 7], penalised, cached=2)), current, [1, 2], nxt) == [3, 4]
-    logprobs = SamplingParams(max_tokens=8, logprobs=2)
+    logprobs = SamplingParams(max_tokens=8, logprobs=2, prompt_logprobs=1)
+    assert launchable_ids(worker(s3=SeqState(3, [5, 6, 7], logprobs, cached=2)), current, [1, 2], nxt) == [3, 4]
+    assert host_free(logprobs, logprobs=True) and not host_free(logprobs)  # an AR step ahead computes none
     grammar = SamplingParams(max_tokens=8, structured=StructuredOutput("regex", "[ab]+"))
-    for params in (logprobs, grammar):
-        assert launchable_ids(worker(s3=SeqState(3, [5, 6, 7], params, cached=2)), current, [1, 2], nxt) is None
+    assert launchable_ids(worker(s3=SeqState(3, [5, 6, 7], grammar, cached=2)), current, [1, 2], nxt) is None

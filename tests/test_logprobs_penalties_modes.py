@@ -10,6 +10,7 @@ from the definitions, one token at a time.
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,25 @@ def test_psd_launching_verifies_ahead_keeps_penalised_output_exact(random_pair, 
         assert [t for c in chunks for t in c.token_ids] == reference_greedy(hf, prompt, params.max_tokens, params)
     assert status["steps_by_kind"]["psd"] > 0 and status["accepted_total"] > 0
     assert "verifies are launched ahead" in (tmp_path / "verifier.log").read_text()
+
+
+def test_psd_launching_verifies_ahead_keeps_logprobs_exact(random_pair, hf, tmp_path: Path) -> None:
+    """Rows asking for logprobs (penalised ones among them) are verified ahead of the previous verdict's readback
+    too: the verify computes their logprobs on the device beside its verdict and they come back with it, so
+    each row's tokens and logprobs still match the oracle's, penalties included."""
+    requests = [(pr, SamplingParams(max_tokens=12, logprobs=2, ignore_eos=True, **extra), None)
+                for extra in ({}, *PENALTIES[:2]) for pr in PROMPTS * 2]
+    stack = pair_stack(random_pair[0], random_pair[0], tmp_path, colocated=False, launch_ahead=True)
+    try:
+        results, status = asyncio.run(asyncio.wait_for(
+            serve_requests(stack, random_pair[0], ManagerConfig(mode="psd", k=3), False, requests), 240))
+    finally:
+        stack.stop()
+    for (prompt, params, _), chunks in zip(requests, results, strict=True):
+        output = [t for c in chunks for t in c.token_ids]
+        assert output == reference_greedy(hf, prompt, params.max_tokens, params)
+        # raw logprobs (the default mode): the oracle's of the unprocessed logits, penalised rows too
+        check_logprobs(hf, prompt, output, [e for c in chunks for e in c.logprobs or []], 2)
+    assert status["steps_by_kind"]["psd"] > 0 and status["accepted_total"] > 0
+    counts = re.search(r"(\d+) of (\d+) verify steps were launched ahead", (tmp_path / "verifier.log").read_text())
+    assert counts is not None and int(counts.group(1)) > 0, "logprobs rows are launched ahead"

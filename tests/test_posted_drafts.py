@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from minedraft.batch_manager.config import ManagerConfig
-from minedraft.core.sampling_params import SamplingParams
+from minedraft.core.sampling_params import SamplingParams, StructuredOutput
 from minedraft.engine.sequence import SeqState
 from minedraft.proto import control_pb2
 from minedraft.verifier.launch_ahead import samples
@@ -48,6 +48,9 @@ def test_the_plan_after_the_drafting_one_reads_its_drafts_on_the_device() -> Non
     assert posted_ids(sampled, DRAFTED, verify_plan()) == [1, 2, 3] and samples(sampled, [1, 2, 3])
     assert posted_ids(sampled, DRAFTED, verify_plan(), sampled=False) is None
     assert posted_ids(worker(), DRAFTED, verify_plan(), sampled=False) == [1, 2, 3] and not samples(worker(), [1, 2])
+    # logprobs: the verify computes them on the device beside its verdict
+    logprobs = SamplingParams(max_tokens=8, logprobs=1)
+    assert posted_ids(worker(s2=SeqState(2, [5, 6, 7], logprobs, cached=2)), DRAFTED, verify_plan()) == [1, 2, 3]
 
 
 def test_plans_and_rows_whose_frame_the_host_must_read_take_the_ordinary_path() -> None:
@@ -62,8 +65,8 @@ def test_plans_and_rows_whose_frame_the_host_must_read_take_the_ordinary_path() 
     }
     for why, (drafted, plan) in cases.items():
         assert posted_ids(w, drafted, plan) is None, why
-    logprobs = SamplingParams(max_tokens=8, logprobs=1)
-    assert posted_ids(worker(s3=SeqState(3, [5, 6, 7], logprobs, cached=2)), DRAFTED, verify_plan()) is None
+    grammar = SamplingParams(max_tokens=8, structured=StructuredOutput("regex", "[ab]+"))  # advances on the host
+    assert posted_ids(worker(s3=SeqState(3, [5, 6, 7], grammar, cached=2)), DRAFTED, verify_plan()) is None
     prefill = SeqState(3, [5, 6, 7], SamplingParams(max_tokens=8), cached=0)
     assert posted_ids(worker(s3=prefill), DRAFTED, verify_plan()) is None
     gone = worker()

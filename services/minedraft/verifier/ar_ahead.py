@@ -12,10 +12,10 @@ in the steady state (sampled rows too: their draws are keyed by position, which 
 one), and commits later through `Verifier.commit`. Step i's commit keeps the KV block the launched step
 writes (`hold`). Only the plain case is launched: the next plan is the next step, verifies the same
 batch in the same order, adds nothing, prefills nothing, removes none of it, sends no verdict and
-drafts nothing; no row asks for logprobs or a grammar (those need the host between steps, as in PSD
-launch-ahead: launch_ahead.py), and the runner captures no hidden states. Logits processing (penalties,
-biases, masks) runs on the device with the uncommitted token as the last of each row's history, as a
-verify slot counts the drafts before it.
+drafts nothing; no row asks for logprobs (the launched decode computes none) or a grammar (it advances on
+the host between steps, as in PSD launch-ahead: launch_ahead.py), and the runner captures no hidden
+states. Logits processing (penalties, biases, masks) runs on the device with the uncommitted token as
+the last of each row's history, as a verify slot counts the drafts before it.
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ longer idles through the host's read-back, bookkeeping, event and next-plan prep
 Only the plain case is launched ahead: the next plan verifies exactly the batch this plan drafts (same
 order), none of whose rows this plan verifies (in sequential SD the next verify starts where this
 verdict leaves each row, which the host learns at the commit), removes none of this plan's sequences,
-every row is in the steady state (one committed token not yet in the KV) and asks for no logprobs or
-grammar (`host_free`), the colocated draft is off, and the payload fits one frame. Rows that sample go too
+every row is in the steady state (one committed token not yet in the KV) and asks for no grammar
+(`host_free`: its matcher advances on the host between steps; logprobs are computed on the device by the
+verify and read back with its verdict), the colocated draft is off, and the payload fits one frame. Rows that
+sample go too
 (not under tensor parallelism): the draft probabilities that follow their frame are received into the
 device behind it, once an earlier frame has told their width. Logits
 processing (penalties, biases, min_tokens) runs as on the ordinary path: B's history on the host is
@@ -55,9 +57,11 @@ class LaunchedStep:
     sampled: bool = False  # a row samples: the drafts' probabilities came with them
 
 
-def host_free(params: SamplingParams) -> bool:
-    """Nothing between steps needs the host: no logprobs to read back, no grammar to advance."""
-    return params.logprobs is None and params.structured is None
+def host_free(params: SamplingParams, logprobs: bool = False) -> bool:
+    """Nothing between steps needs the host: no grammar to advance, and no logprobs unless `logprobs` (a
+    verify's judge computes them on the device beside its verdict, which brings them back; an AR step
+    launched ahead, ar_ahead.decode_after, computes none)."""
+    return (logprobs or params.logprobs is None) and params.structured is None
 
 
 def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids: list[int],
@@ -76,11 +80,11 @@ def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids:
 
 def device_rows(worker: Verifier, ids: list[int], sampled: bool = True) -> bool:
     """Whether a verify of `ids` can take its drafts as device tokens, unread: every row is held, in the steady
-    state (one committed token not yet in the KV) and host-free; greedy too unless `sampled` (the draft
-    probabilities of a batch with a sampled row are received into the device as well)."""
+    state (one committed token not yet in the KV) and host-free (logprobs allowed); greedy too unless `sampled`
+    (the draft probabilities of a batch with a sampled row are received into the device as well)."""
     for seq_id in ids:
         st = worker.seqs.get(seq_id)
-        if st is None or st.length - st.cached != 1 or not host_free(st.params):
+        if st is None or st.length - st.cached != 1 or not host_free(st.params, logprobs=True):
             return False
         if not sampled and not st.params.greedy:
             return False

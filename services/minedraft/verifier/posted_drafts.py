@@ -12,7 +12,7 @@ starts as soon as the drafts land.
 The frame's layout must then be known before it arrives: the rows are the drafting plan's draft batch in
 its order, each with that plan's k drafts, and the draft probabilities [B, k, V] follow it when a row samples
 (their width V as an earlier frame of the link told it). So only what `device_rows` allows takes this path
-(steady, host-free rows; sampled ones not under tensor parallelism), and only the plan right after the
+(steady rows without a grammar; sampled ones not under tensor parallelism), and only the plan right after the
 drafting plan that verifies exactly its draft batch with k fixed (no TETRIS selection, whose lengths are
 read on the host). The header travels with the frame and is checked once it is read back, before the step
 commits; a mismatch (which these rules exclude) is reported as a broken data plane and the draft service
