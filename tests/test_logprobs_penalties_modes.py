@@ -152,20 +152,26 @@ def test_services_logprobs_and_penalties_match_the_oracle(random_pair, hf, tmp_p
         assert status["steps_by_kind"]["psd"] > 0, "both batches must have run at once"
 
 
-def test_psd_launching_verifies_ahead_keeps_penalised_output_exact(random_pair, hf, tmp_path: Path) -> None:
-    """Penalised greedy batches (no logprobs, no grammar) are verified ahead of the previous verdict's readback:
-    each row's processing reads its batch's committed history, the other batch's commit queued behind it."""
-    requests = [(pr, SamplingParams(max_tokens=12, **extra), None) for extra in PENALTIES for pr in PROMPTS]
+def psd_launching_ahead(random_pair, tmp_path: Path, requests: list) -> tuple[list[list], dict, str]:
+    """The requests through PSD with both workers launching ahead: their chunks, the status, the verifier's log."""
     stack = pair_stack(random_pair[0], random_pair[0], tmp_path, colocated=False, launch_ahead=True)
     try:
         results, status = asyncio.run(asyncio.wait_for(
             serve_requests(stack, random_pair[0], ManagerConfig(mode="psd", k=3), False, requests), 240))
     finally:
         stack.stop()
+    assert status["steps_by_kind"]["psd"] > 0 and status["accepted_total"] > 0
+    return results, status, (tmp_path / "verifier.log").read_text()
+
+
+def test_psd_launching_verifies_ahead_keeps_penalised_output_exact(random_pair, hf, tmp_path: Path) -> None:
+    """Penalised greedy batches (no logprobs, no grammar) are verified ahead of the previous verdict's readback:
+    each row's processing reads its batch's committed history, the other batch's commit queued behind it."""
+    requests = [(pr, SamplingParams(max_tokens=12, **extra), None) for extra in PENALTIES for pr in PROMPTS]
+    results, _, log = psd_launching_ahead(random_pair, tmp_path, requests)
     for (prompt, params, _), chunks in zip(requests, results, strict=True):
         assert [t for c in chunks for t in c.token_ids] == reference_greedy(hf, prompt, params.max_tokens, params)
-    assert status["steps_by_kind"]["psd"] > 0 and status["accepted_total"] > 0
-    assert "verifies are launched ahead" in (tmp_path / "verifier.log").read_text()
+    assert "verifies are launched ahead" in log
 
 
 def test_psd_launching_verifies_ahead_keeps_logprobs_exact(random_pair, hf, tmp_path: Path) -> None:
@@ -174,17 +180,11 @@ def test_psd_launching_verifies_ahead_keeps_logprobs_exact(random_pair, hf, tmp_
     each row's tokens and logprobs still match the oracle's, penalties included."""
     requests = [(pr, SamplingParams(max_tokens=12, logprobs=2, ignore_eos=True, **extra), None)
                 for extra in ({}, *PENALTIES[:2]) for pr in PROMPTS * 2]
-    stack = pair_stack(random_pair[0], random_pair[0], tmp_path, colocated=False, launch_ahead=True)
-    try:
-        results, status = asyncio.run(asyncio.wait_for(
-            serve_requests(stack, random_pair[0], ManagerConfig(mode="psd", k=3), False, requests), 240))
-    finally:
-        stack.stop()
+    results, _, log = psd_launching_ahead(random_pair, tmp_path, requests)
     for (prompt, params, _), chunks in zip(requests, results, strict=True):
         output = [t for c in chunks for t in c.token_ids]
         assert output == reference_greedy(hf, prompt, params.max_tokens, params)
         # raw logprobs (the default mode): the oracle's of the unprocessed logits, penalised rows too
         check_logprobs(hf, prompt, output, [e for c in chunks for e in c.logprobs or []], 2)
-    assert status["steps_by_kind"]["psd"] > 0 and status["accepted_total"] > 0
-    counts = re.search(r"(\d+) of (\d+) verify steps were launched ahead", (tmp_path / "verifier.log").read_text())
+    counts = re.search(r"(\d+) of (\d+) verify steps were launched ahead", log)
     assert counts is not None and int(counts.group(1)) > 0, "logprobs rows are launched ahead"
