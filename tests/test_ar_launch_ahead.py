@@ -3,9 +3,9 @@
 
 The same plans run on an executor that launches AR steps ahead and on one that does not: every event's
 tokens must be equal (greedy and seeded sampled rows; penalised rows, launched with the uncommitted token
-in their history; rows with logprobs, which keep their plans on the ordinary path; membership changes in
-between), steps must really be launched ahead, each
-step must read back exactly once, and a commit must keep the KV block the launched step writes."""
+in their history; rows with logprobs, whose logprobs must be equal too; membership changes in between), steps
+must really be launched ahead, each step must read back exactly once, and a commit must keep the KV block the
+launched step writes."""
 
 from __future__ import annotations
 
@@ -54,13 +54,14 @@ def ar_plans() -> list[control_pb2.StepPlan]:
     return plans
 
 
-def run(path, launch_ahead: bool) -> tuple[list[list[int]], int, int, bool]:
-    """Each event's tokens, the steps launched ahead, the readbacks made, and whether every launched step's
-    KV block survived the commit before it."""
+def run(path, launch_ahead: bool) -> tuple[list[list], int, int, bool]:
+    """Each event's tokens and logprobs, the steps launched ahead, the readbacks made, and whether every
+    launched step's KV block survived the commit before it."""
     worker = Verifier(ModelRunner(load_model(path), 160, BLOCK))
     executor = VerifierExecutor(worker, None, "", 0, launch_ahead=launch_ahead)  # type: ignore[arg-type]
     plans = ar_plans()
     tokens: list[list[int]] = []
+    logprobs: list[list[bytes]] = []  # each event's logprobs entries, as they go out
     readbacks = [0]
     original = Readback.__init__
 
@@ -75,13 +76,15 @@ def run(path, launch_ahead: bool) -> tuple[list[list[int]], int, int, bool]:
             executor.upcoming = lambda i=i: plans[i + 1] if i + 1 < len(plans) else None
             event = executor.handle_plan(plan)
             tokens.append(list(event.verdicts.tokens))
+            logprobs.append([entry.SerializeToString() for entry in event.verdicts.logprobs])
             launched = executor.launched
             if launched is not None:
                 alloc = worker.runner.allocator
                 kept &= all(len(alloc.table(s)) >= alloc.blocks_for(worker.seqs[s].length) for s in launched.ids)
     finally:
         Readback.__init__ = original  # type: ignore[method-assign]
-    return tokens, executor.launched_count, readbacks[0], kept
+    assert any(logprobs), "the logprobs row's entries come back"
+    return [t + lp for t, lp in zip(tokens, logprobs, strict=True)], executor.launched_count, readbacks[0], kept
 
 
 def test_ar_launched_ahead_equals_plain_ar_token_for_token(random_pair) -> None:
@@ -91,9 +94,7 @@ def test_ar_launched_ahead_equals_plain_ar_token_for_token(random_pair) -> None:
     assert ahead == plain
     assert plain_launched == 0
     plans = ar_plans()
-    featured = {6}  # logprobs: its plans stay on the ordinary path (penalised row 5's are launched)
-    blocked = sum(1 for i, p in enumerate(plans[1:]) if p.add or p.remove
-                  or not featured.isdisjoint(plans[i].verify_batch))
+    blocked = sum(1 for p in plans[1:] if p.add or p.remove)  # logprobs and penalised rows' plans launch too
     assert launched >= len(plans) - 1 - blocked - 2 and launched > 10
     # One readback per plain step; a logprobs row adds its own.
     logprob_steps = sum(1 for p in plans if 6 in p.verify_batch)

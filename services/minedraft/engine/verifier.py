@@ -142,6 +142,13 @@ class Verifier(SequenceHost):
                                                      + (k if ragged is None else ragged[b])) for b in prompt_rows]
         return verdict, logprobs
 
+    def stage_logprobs(self, seq_ids: list[int], raw: torch.Tensor, processed: torch.Tensor, verdict: Verdict
+                       ) -> None:
+        """For a step decoded outside `judge` (verifier/ar_ahead.py): its rows' logprobs, as `judge` computes
+        them from the step's raw and processed logits, for `read_back` to bring back with the verdict."""
+        states = [self.seqs[s] for s in seq_ids]
+        self._pending_logprobs = self._logprobs(states, raw, processed, verdict)
+
     def _wants_prompt_logprobs(self, st: SeqState) -> bool:
         return st.params.prompt_logprobs is not None and st.seq_id not in self.prompt_logprobs_done and st.cached == 0
 

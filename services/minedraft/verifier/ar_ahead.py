@@ -12,10 +12,11 @@ in the steady state (sampled rows too: their draws are keyed by position, which 
 one), and commits later through `Verifier.commit`. Step i's commit keeps the KV block the launched step
 writes (`hold`). Only the plain case is launched: the next plan is the next step, verifies the same
 batch in the same order, adds nothing, prefills nothing, removes none of it, sends no verdict and
-drafts nothing; no row asks for logprobs (the launched decode computes none) or a grammar (it advances on
-the host between steps, as in PSD launch-ahead: launch_ahead.py), and the runner captures no hidden
-states. Logits processing (penalties, biases, masks) runs on the device with the uncommitted token as
-the last of each row's history, as a verify slot counts the drafts before it.
+drafts nothing; no row asks for a grammar (it advances on the host between steps, as in PSD
+launch-ahead: launch_ahead.py), and the runner captures no hidden states. Logits processing (penalties,
+biases, masks) runs on the device with the uncommitted token as the last of each row's history, as a
+verify slot counts the drafts before it, and rows asking for logprobs get them from the launched step's
+logits as `judge` computes them, read back with its verdict.
 """
 
 from __future__ import annotations
@@ -78,13 +79,18 @@ def decode_after(worker: Verifier, ids: list[int], tokens: torch.Tensor) -> Verd
     starts = [st.length for st in states]
     logits = runner.forward_ids(ids, tokens, starts, [1] * len(ids), last_n=1)
     drafts = torch.zeros((len(ids), 0), dtype=torch.long, device=runner.device)
-    if not worker.featured.isdisjoint(ids):  # the uncommitted token is the last of each row's history
+    featured = not worker.featured.isdisjoint(ids)
+    raw = logits
+    if featured:  # the uncommitted token is the last of each row's history
         logits = worker.processing.apply(logits, states, drafts, pending=tokens)
     sampling = worker.sampling(ids)
     positions = (None if sampling.all_greedy else
                  runner.to_device(torch.tensor([n + 1 for n in starts], dtype=torch.long)).unsqueeze(1))
     target_probs = logits if sampling.all_greedy else processed_probs(logits, sampling)
-    return verify_drafts(drafts, None, target_probs, logits, sampling, positions)
+    verdict = verify_drafts(drafts, None, target_probs, logits, sampling, positions)
+    if featured:
+        worker.stage_logprobs(ids, raw, logits, verdict)
+    return verdict
 
 
 def held(launched: LaunchedStep | None) -> int:

@@ -57,11 +57,10 @@ class LaunchedStep:
     sampled: bool = False  # a row samples: the drafts' probabilities came with them
 
 
-def host_free(params: SamplingParams, logprobs: bool = False) -> bool:
-    """Nothing between steps needs the host: no grammar to advance, and no logprobs unless `logprobs` (a
-    verify's judge computes them on the device beside its verdict, which brings them back; an AR step
-    launched ahead, ar_ahead.decode_after, computes none)."""
-    return (logprobs or params.logprobs is None) and params.structured is None
+def host_free(params: SamplingParams) -> bool:
+    """Nothing between steps needs the host: no grammar to advance (a row's logprobs are computed on the
+    device with its step and read back with the verdict)."""
+    return params.structured is None
 
 
 def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids: list[int],
@@ -80,11 +79,11 @@ def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids:
 
 def device_rows(worker: Verifier, ids: list[int], sampled: bool = True) -> bool:
     """Whether a verify of `ids` can take its drafts as device tokens, unread: every row is held, in the steady
-    state (one committed token not yet in the KV) and host-free (logprobs allowed); greedy too unless `sampled`
+    state (one committed token not yet in the KV) and host-free; greedy too unless `sampled`
     (the draft probabilities of a batch with a sampled row are received into the device as well)."""
     for seq_id in ids:
         st = worker.seqs.get(seq_id)
-        if st is None or st.length - st.cached != 1 or not host_free(st.params, logprobs=True):
+        if st is None or st.length - st.cached != 1 or not host_free(st.params):
             return False
         if not sampled and not st.params.greedy:
             return False
