@@ -207,6 +207,17 @@ def test_penalised_cells_process_their_rows_and_launch_ahead_beside_the_greedy_o
     assert "| bf16 | AR, penalties | 2 | 0 |" in md and "| bf16 | AR | 2 | 0 |" in md
 
 
+
+def test_sampled_and_logprobs_cells_launch_ahead_as_the_greedy_ones_do() -> None:
+    """Sampled rows (drafts with their probabilities) and rows asking for logprobs take the launched paths too:
+    AR steps and PSD verifies queued before the previous verdict is read back."""
+    cfg = StepConfig(shape="tiny", draft_layers=2, batches=(2,), ks=(2,), modes=("ar", "psd"), context=20, rounds=2,
+                     steps=3, num_blocks=128, device="cpu", copy_GBps=10.0, samplings=("sampled", "logprobs"))
+    rows = [step_profile.profile(replace(cfg, modes=(c.mode,), samplings=(c.sampling,)))["rows"][0]
+            for c in cfg.cells()]
+    assert [(r["mode"], r["sampling"], r["launched_ahead"] > 0) for r in rows] == [
+        ("ar", "sampled", True), ("ar", "logprobs", True), ("psd", "sampled", True), ("psd", "logprobs", True)]
+
 def test_sd2_cycles_count_the_drafts_landing_as_device_time_and_take_it_from_the_draft_cell() -> None:
     done = summarize(row("sd2", 16, 4, 6.0, 10.5, 5.0, land_ms=4.4))
     assert done["whole_over_gpu"] == pytest.approx(10.5 / 10.4) and done["bound_share"] == pytest.approx(5.0 / 6.1)

@@ -84,7 +84,8 @@ def add_step_table_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-sampling", default="greedy",
                    help="comma list of the rows' sampling: greedy (argmax, nothing processed), penalties (greedy "
                         "with repetition 1.1, frequency 0.5 and presence 0.5 penalties), sampled (temperature 0.8, "
-                        "seeded; drafts come with their probabilities); the draft cells are greedy only")
+                        "seeded; drafts come with their probabilities), logprobs (greedy, top 5 logprobs); the "
+                        "draft cells are greedy only")
     p.add_argument("--weights", default="bf16",
                    help="comma list of the target's (and draft's) weight formats: bf16, fp8 (needs FP8 support)")
 

@@ -103,13 +103,15 @@ def phase_hooks() -> list[Hook]:
 
 def row_spec(seq_id: int, tokens: list[int], sampling: str = "greedy", seed: int = 0) -> control_pb2.SeqSpec:
     """A greedy row; `penalties`: with the penalties the sampling-features bench uses (bench/sampling_features.py);
-    `sampled`: drawn at temperature 0.8 with its own seed."""
+    `sampled`: drawn at temperature 0.8 with its own seed; `logprobs`: greedy, asking for its top 5 logprobs."""
     spec = control_pb2.SeqSpec(seq_id=seq_id, tokens=tokens, prompt_len=len(tokens))
     spec.sampling.top_p = 1.0
     if sampling == "penalties":
         spec.sampling.repetition_penalty = 1.1
         spec.sampling.frequency_penalty = 0.5
         spec.sampling.presence_penalty = 0.5
+    if sampling == "logprobs":
+        spec.sampling.logprobs = 5
     if sampling == "sampled":
         spec.sampling.temperature = 0.8
         spec.sampling.seed = seed
