@@ -170,7 +170,7 @@ def test_a_broken_sampled_step_is_judged_again_as_the_targets_own_draw(random_pa
             drafts = torch.tensor([[3, 90, 41]])
             probs = torch.rand((1, 3, verifier.vocab_size), generator=torch.Generator().manual_seed(3))
             verifier.read_back(verifier.judge([1], Proposal(drafts, probs)))
-            readback = judged_without_drafts(verifier, [1], False, torch.device("cpu"))
+            readback = judged_without_drafts(verifier, [1], False)
         else:
             readback = verifier.read_back(verifier.judge([1], None))
         rows, accepted = verifier.commit([1], readback)

@@ -12,21 +12,14 @@ from minedraft.engine.hidden_rows import HiddenRows
 from minedraft.engine.readback import Readback, device_mark
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
+from minedraft.verifier import posted_drafts
 from minedraft.verifier.ar_ahead import held, launch_ar
 from minedraft.verifier.colocated import ColocatedDrafter, verified_lengths
 from minedraft.verifier.draft_rows import align_drafts
 from minedraft.verifier.launch_ahead import LaunchedStep, await_next, launchable_ids
-from minedraft.verifier.posted_drafts import (
-    DraftedBatch,
-    PostedProposal,
-    judged_without_drafts,
-    mismatch,
-    take_drafts,
-    take_posted,
-    vocab_of,
-)
+from minedraft.verifier.posted_drafts import DraftedBatch, PostedProposal
 from minedraft.verifier.verdict_event import add_verdicts
-from minedraft.worker.data_frames import DraftPayload, VerdictPayload, expected_header
+from minedraft.worker.data_frames import DraftPayload, VerdictPayload
 from minedraft.worker.data_plane import VERIFIER_RANK, DataPlane, DataPlaneError
 from minedraft.worker.info import worker_info
 from minedraft.worker.membership import apply_membership, cache_report, forget_all, verify_ids
@@ -156,7 +149,7 @@ class VerifierExecutor(PlaneOwner):
             if posted is not None and posted.broken(self.plane):
                 self._plane_lost(event, posted.mismatch(plan.step), logging.ERROR)
                 if posted.proposal.probs is not None:
-                    readback, proposal = judged_without_drafts(self.worker, ids, plan.send_verdict, self.device), None
+                    readback, proposal = posted_drafts.judged_without_drafts(self.worker, ids, plan.send_verdict), None
             if here and self.launch_ahead:  # the next drafts go right behind the verify (colocated_ahead.py)
                 self.colocated.draft_ahead(plan, ids, proposal, verdict)  # type: ignore[union-attr]
             self._launch_next(plan, ids, event, readback, None if plan.with_drafts else verdict.tokens)
@@ -209,9 +202,9 @@ class VerifierExecutor(PlaneOwner):
         timing = next_event.timing
         try:
             with timed(timing, "compute_ms"):
-                if (posted := take_drafts(self.worker, self.plane, next_ids, plan.k)) is None:
+                if (posted := posted_drafts.take_drafts(self.worker, self.plane, next_ids, plan.step, plan.k)) is None:
                     return
-                proposal, header = posted
+                proposal = posted.proposal
                 started = device_mark(self.device)  # the verify's GPU time starts once its drafts are in
                 apply_membership(self.worker, nxt)
                 if self.followers is not None:
@@ -225,9 +218,8 @@ class VerifierExecutor(PlaneOwner):
         hidden = self.worker.runner.take_hidden(next_ids) if nxt.send_verdict else None  # an EAGLE head's states
         payload = VerdictPayload(nxt.step, next_ids, verdict.tokens, verdict.accepted, hidden)
         self._hand_on(nxt, payload, timing, next_event)
-        self.launched = LaunchedStep(nxt, next_ids, next_event, self.worker.read_back(verdict, started), header,
-                                     expected_header(plan.step, next_ids, plan.k, vocab_of(proposal)),
-                                     sampled=proposal.probs is not None)
+        self.launched = LaunchedStep(nxt, next_ids, next_event, self.worker.read_back(verdict, started), posted.header,
+                                     posted.expected_header, sampled=proposal.probs is not None)
         if not self.launched_count:
             log.info("verifies are launched ahead (first: step %d, queued during step %d)", nxt.step, plan.step)
         self.launched_count += 1
@@ -237,9 +229,9 @@ class VerifierExecutor(PlaneOwner):
         plan, event = launched.plan, launched.event
         header = launched.header.tolist() if launched.header is not None else None  # None: an AR step
         if header is not None and (header != launched.expected_header or getattr(self.plane, "aborted", False)):
-            self._plane_lost(event, mismatch(plan.step, header, launched.expected_header), logging.ERROR)
+            self._plane_lost(event, posted_drafts.mismatch(plan.step, header, launched.expected_header), logging.ERROR)
             if launched.sampled:
-                launched.readback = judged_without_drafts(self.worker, launched.ids, plan.send_verdict, self.device)
+                launched.readback = posted_drafts.judged_without_drafts(self.worker, launched.ids, plan.send_verdict)
         self._launch_next(plan, launched.ids, event, launched.readback, launched.tokens)
         self._commit(launched.ids, launched.readback, event)
         self.last_step = plan.step
@@ -255,7 +247,7 @@ class VerifierExecutor(PlaneOwner):
         plane, drafted = self.plane, self.drafted
         if not (self.launch_ahead and self.drafts_pending) or plane is None or drafted is None or self.colocated:
             return None
-        posted = take_posted(self.worker, plane, drafted, plan, sampled=self.followers is None)
+        posted = posted_drafts.take_posted(self.worker, plane, drafted, plan, sampled=self.followers is None)
         if posted is not None and not self.posted_count:
             log.info("verifies are queued before their drafts are read (first: step %d)", plan.step)
         self.posted_count += posted is not None

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from minedraft.engine.drafter import Proposal
 from minedraft.engine.readback import Readback, device_mark
 from minedraft.engine.verifier import Verifier
@@ -89,26 +87,21 @@ def take_posted(worker: Verifier, plane: DataPlane, drafted: DraftedBatch, plan:
     """The plan's drafts as device tokens (and probabilities) from the posted frame, when `posted_ids` allows
     and a receive is posted that the payload fits; None otherwise (the frame is then read on the host)."""
     ids = posted_ids(worker, drafted, plan, sampled)
-    if ids is None:
-        return None
-    posted = take_drafts(worker, plane, ids, drafted.k)
-    if posted is None:
-        return None
-    proposal, header = posted
-    return PostedProposal(ids, proposal, header, expected_header(drafted.step, ids, drafted.k, vocab_of(proposal)))
+    return take_drafts(worker, plane, ids, drafted.step, drafted.k) if ids is not None else None
 
 
-def take_drafts(worker: Verifier, plane: DataPlane, ids: list[int], k: int) -> tuple[Proposal, Readback] | None:
-    """The posted frame's drafts of these rows as a proposal on the device, with its header to read back once
-    they are in; None when the plane cannot give them unread (launch_ahead.py takes them the same way)."""
+def take_drafts(worker: Verifier, plane: DataPlane, ids: list[int], step: int, k: int) -> PostedProposal | None:
+    """The posted frame's drafts of these rows (drafted at `step`) as a proposal on the device, with its header
+    to read back once they are in and what it must hold; None when the plane cannot give them unread
+    (launch_ahead.py takes them the same way)."""
     posted = plane.take_posted_drafts(len(ids), k, samples(worker, ids))
     if posted is None:
         return None
     header = Readback(posted.header)  # ready once the drafts are in, before the verify runs
     # A frame cut short by an abort holds garbage: keep every id valid (the step is reported lost at commit, and
     # a sampled one judged again without drafts).
-    drafts = posted.tokens.clamp(0, worker.vocab_size - 1)
-    return Proposal(drafts, posted.probs), header
+    proposal = Proposal(posted.tokens.clamp(0, worker.vocab_size - 1), posted.probs)
+    return PostedProposal(ids, proposal, header, expected_header(step, ids, k, vocab_of(proposal)))
 
 
 def vocab_of(proposal: Proposal) -> int:
@@ -116,12 +109,12 @@ def vocab_of(proposal: Proposal) -> int:
     return proposal.probs.shape[-1] if proposal.probs is not None else 0
 
 
-def judged_without_drafts(worker: Verifier, ids: list[int], send_verdict: bool, device: torch.device) -> Readback:
+def judged_without_drafts(worker: Verifier, ids: list[int], send_verdict: bool) -> Readback:
     """A sampled step whose frame was broken: its verdict used probabilities that may not be the drafts' (an
     aborted receive leaves garbage behind), and sampled verification is exact only with the true ones, so the
     step is judged again as plain AR, whose one token per row is the target's own draw. Sampled rows take
     this path only without tensor parallelism, so no follower has to judge again."""
-    started = device_mark(device)
+    started = device_mark(worker.runner.device)
     verdict = worker.judge(ids, None)
     if send_verdict:
         worker.runner.take_hidden(ids)  # an EAGLE head's states of this judge: the plane is gone, none go out

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from minedraft.bench.gpu.blocked_gpu import BlockedGpu
+from minedraft.bench.gpu.cell_rows import draft_probs, row_spec
 from minedraft.bench.gpu.loopback_plane import LoopbackDrafts, LoopbackVerdicts
 from minedraft.bench.gpu.phase_clock import OTHER, Hook, Patches, PhaseClock
 from minedraft.bench.gpu.step_report import ModelBytes, bound_ms, compute_ms, draft_bytes, step_flops
@@ -99,30 +100,6 @@ def phase_hooks() -> list[Hook]:
         Hook(VerifierExecutor, "_report", "commit"),
         Hook(Drafter, "propose", OTHER, scope="draft"), Hook(ColocatedDrafter, "draft_ahead", OTHER, scope="draft"),
     ]
-
-
-def row_spec(seq_id: int, tokens: list[int], sampling: str = "greedy", seed: int = 0) -> control_pb2.SeqSpec:
-    """A greedy row; `penalties`: with the penalties the sampling-features bench uses (bench/sampling_features.py);
-    `sampled`: drawn at temperature 0.8 with its own seed; `logprobs`: greedy, asking for its top 5 logprobs."""
-    spec = control_pb2.SeqSpec(seq_id=seq_id, tokens=tokens, prompt_len=len(tokens))
-    spec.sampling.top_p = 1.0
-    if sampling == "penalties":
-        spec.sampling.repetition_penalty = 1.1
-        spec.sampling.frequency_penalty = 0.5
-        spec.sampling.presence_penalty = 0.5
-    if sampling == "logprobs":
-        spec.sampling.logprobs = 5
-    if sampling == "sampled":
-        spec.sampling.temperature = 0.8
-        spec.sampling.seed = seed
-    return spec
-
-
-def draft_probs(batch: int, k: int, vocab: int, device: torch.device) -> torch.Tensor:
-    """Fixed draft probabilities [batch, k, vocab] for sampled rows' drafts (each slot a distribution), as the
-    draft service sends them after a frame whose batch samples."""
-    q = torch.rand((batch, k, vocab), device=device, dtype=torch.float32)
-    return q / q.sum(dim=-1, keepdim=True)
 
 
 class CellDriver:

@@ -17,7 +17,7 @@ MODE_LABELS = {"ar": "AR", "verify": "SD verify", "sd2": "SD-2GPU verify (drafts
                "psd": "PSD verify (launched ahead)", "draft": "draft (k steps)",
                "psd-draft": "PSD draft (launched ahead)", "fused": "SD colocated fused"}
 DRAFTING = ("draft", "psd-draft")  # cells that run only the draft model
-SAMPLINGS = ("greedy", "penalties", "sampled", "logprobs")  # the rows' kind (step_cells.row_spec); greedy: plain
+SAMPLINGS = ("greedy", "penalties", "sampled", "logprobs")  # the rows' kind (cell_rows.row_spec); greedy: plain
 PHASES = ("plan decode", "block tables", "sampling tensors", "input copies", "graph replay", "eager launches",
           "readback queue", "readback wait", "commit", "other")
 WAIT = "readback wait"
