@@ -12,13 +12,12 @@ order), none of whose rows this plan verifies (in sequential SD the next verify 
 verdict leaves each row, which the host learns at the commit), removes none of this plan's sequences,
 every row is in the steady state (one committed token not yet in the KV) and asks for no grammar
 (`host_free`: its matcher advances on the host between steps; logprobs are computed on the device by the
-verify and read back with its verdict), the colocated draft is off, and the payload fits one frame. Rows that
-sample go too
-(not under tensor parallelism): the draft probabilities that follow their frame are received into the
-device behind it, once an earlier frame has told their width. Logits
-processing (penalties, biases, min_tokens) runs as on the ordinary path: B's history on the host is
-whole, since its previous verdict (step i - 1) was committed in the turn before, and the processing
-tables are per sequence, so A's commit behind the launched verify changes nothing B reads.
+verify and read back with its verdict), the colocated draft is off, and the payload fits one frame. Rows
+that sample go too (not under tensor parallelism): the draft probabilities that follow their frame are
+received into the device behind it, once an earlier frame has told their width. Logits processing
+(penalties, biases, min_tokens) runs as on the ordinary path: B's history on the host is whole, since its
+previous verdict (step i - 1) was committed in the turn before, and the processing tables are per
+sequence, so A's commit behind the launched verify changes nothing B reads.
 Everything else takes the ordinary path. Tensor-parallel followers get the plan over their host
 channel and queue the same verify ahead (verifier/tp_follower.py). The drafts' header travels back
 with the verdict and is checked when the step commits; a mismatch (which the plan rules out) is
