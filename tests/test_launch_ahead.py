@@ -11,7 +11,8 @@ from minedraft.core.sampling_params import SamplingParams
 from minedraft.core.structured import StructuredOutput
 from minedraft.engine.sequence import SeqState
 from minedraft.proto import control_pb2
-from minedraft.verifier.launch_ahead import host_free, launchable_ids
+from minedraft.verifier.device_rows import host_free
+from minedraft.verifier.launch_ahead import launchable_ids
 
 
 def worker(**overrides: SeqState) -> SimpleNamespace:

@@ -17,7 +17,7 @@ from minedraft.batch_manager.config import ManagerConfig
 from minedraft.core.sampling_params import SamplingParams, StructuredOutput
 from minedraft.engine.sequence import SeqState
 from minedraft.proto import control_pb2
-from minedraft.verifier.launch_ahead import samples
+from minedraft.verifier.device_rows import samples
 from minedraft.verifier.posted_drafts import DraftedBatch, posted_ids
 from tests.conftest import engine_from_folders, pair_stack, serve_requests
 

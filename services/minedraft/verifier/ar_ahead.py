@@ -29,7 +29,8 @@ from minedraft.engine.runner import ModelRunner
 from minedraft.engine.sampling import processed_probs
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
-from minedraft.verifier.launch_ahead import LaunchedStep, host_free
+from minedraft.verifier.device_rows import host_free
+from minedraft.verifier.launch_ahead import LaunchedStep
 from minedraft.worker.membership import apply_membership
 from minedraft.worker.step_timing import timed
 
@@ -68,7 +69,7 @@ def launch_ar(worker: Verifier, current: control_pb2.StepPlan, ids: list[int], t
         apply_membership(worker, nxt)  # removals only (the plan adds and prefills nothing)
         verdict = decode_after(worker, ids, tokens[:, :1])
         readback = worker.read_back(verdict, started)
-    return LaunchedStep(nxt, ids, event, readback, None, [], tokens=verdict.tokens)
+    return LaunchedStep(nxt, ids, event, readback, None, tokens=verdict.tokens)
 
 
 def decode_after(worker: Verifier, ids: list[int], tokens: torch.Tensor) -> Verdict:

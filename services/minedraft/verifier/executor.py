@@ -145,11 +145,7 @@ class VerifierExecutor(PlaneOwner):
             # The verdict (and an EAGLE head's states) leaves while the GPU computes it: the send overlaps the verify.
             hidden = self.worker.runner.take_hidden(ids) if plan.send_verdict or self.colocated else None
             self._hand_on(plan, VerdictPayload(plan.step, ids, verdict.tokens, verdict.accepted, hidden), timing, event)
-            readback = self.worker.read_back(verdict, started)
-            if posted is not None and posted.broken(self.plane):
-                self._plane_lost(event, posted.mismatch(plan.step), logging.ERROR)
-                if posted.proposal.probs is not None:
-                    readback, proposal = posted_drafts.judged_without_drafts(self.worker, ids, plan.send_verdict), None
+            readback = self._checked(posted, plan, ids, event, self.worker.read_back(verdict, started))
             if here and self.launch_ahead:  # the next drafts go right behind the verify (colocated_ahead.py)
                 self.colocated.draft_ahead(plan, ids, proposal, verdict)  # type: ignore[union-attr]
             self._launch_next(plan, ids, event, readback, None if plan.with_drafts else verdict.tokens)
@@ -218,8 +214,7 @@ class VerifierExecutor(PlaneOwner):
         hidden = self.worker.runner.take_hidden(next_ids) if nxt.send_verdict else None  # an EAGLE head's states
         payload = VerdictPayload(nxt.step, next_ids, verdict.tokens, verdict.accepted, hidden)
         self._hand_on(nxt, payload, timing, next_event)
-        self.launched = LaunchedStep(nxt, next_ids, next_event, self.worker.read_back(verdict, started), posted.header,
-                                     posted.expected_header, sampled=proposal.probs is not None)
+        self.launched = LaunchedStep(nxt, next_ids, next_event, self.worker.read_back(verdict, started), posted)
         if not self.launched_count:
             log.info("verifies are launched ahead (first: step %d, queued during step %d)", nxt.step, plan.step)
         self.launched_count += 1
@@ -227,15 +222,20 @@ class VerifierExecutor(PlaneOwner):
     def _finish_launched(self, launched: LaunchedStep) -> control_pb2.WorkerEvent:
         """The plan launched ahead arrives: check the drafts it used, launch the one after it, commit it."""
         plan, event = launched.plan, launched.event
-        header = launched.header.tolist() if launched.header is not None else None  # None: an AR step
-        if header is not None and (header != launched.expected_header or getattr(self.plane, "aborted", False)):
-            self._plane_lost(event, posted_drafts.mismatch(plan.step, header, launched.expected_header), logging.ERROR)
-            if launched.sampled:
-                launched.readback = posted_drafts.judged_without_drafts(self.worker, launched.ids, plan.send_verdict)
-        self._launch_next(plan, launched.ids, event, launched.readback, launched.tokens)
-        self._commit(launched.ids, launched.readback, event)
+        readback = self._checked(launched.posted, plan, launched.ids, event, launched.readback)
+        self._launch_next(plan, launched.ids, event, readback, launched.tokens)
+        self._commit(launched.ids, readback, event)
         self.last_step = plan.step
         return self._report(event)
+
+    def _checked(self, posted: PostedProposal | None, plan: control_pb2.StepPlan, ids: list[int],
+                 event: control_pb2.WorkerEvent, readback: Readback) -> Readback:
+        """The verdict to commit for a verify that took its drafts unread: a broken frame drops the data plane,
+        and a sampled step is then judged again without drafts (posted_drafts.judged_without_drafts)."""
+        if posted is None or not posted.broken(self.plane):
+            return readback
+        self._plane_lost(event, posted.mismatch(plan.step), logging.ERROR)
+        return posted_drafts.judged_without_drafts(self.worker, ids, plan.send_verdict) if posted.sampled else readback
 
     def _expect_drafts(self, plan: control_pb2.StepPlan, from_service: bool = True) -> None:
         """Whether the draft service's drafts of the plan's draft batch are coming for the next plan, and which."""

@@ -11,7 +11,7 @@ Only the plain case is launched ahead: the next plan verifies exactly the batch 
 order), none of whose rows this plan verifies (in sequential SD the next verify starts where this
 verdict leaves each row, which the host learns at the commit), removes none of this plan's sequences,
 every row is in the steady state (one committed token not yet in the KV) and asks for no grammar
-(`host_free`: its matcher advances on the host between steps; logprobs are computed on the device by the
+(`device_rows.host_free`: its matcher advances on the host between steps; logprobs are computed on the device by the
 verify and read back with its verdict), the colocated draft is off, and the payload fits one frame. Rows
 that sample go too (not under tensor parallelism): the draft probabilities that follow their frame are
 received into the device behind it, once an earlier frame has told their width. Logits processing
@@ -34,10 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
-from minedraft.core.sampling_params import SamplingParams
 from minedraft.engine.readback import Readback
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
+from minedraft.verifier.device_rows import device_rows
+from minedraft.verifier.posted_drafts import PostedProposal
 
 NEXT_PLAN_POLL_S = 0.00005
 
@@ -50,16 +51,8 @@ class LaunchedStep:
     ids: list[int]
     event: control_pb2.WorkerEvent  # filled as the step goes; returned when it commits
     readback: Readback
-    header: Readback | None  # the draft frame's header and sequence ids (None: an AR step, verifier/ar_ahead.py)
-    expected_header: list[int]
+    posted: PostedProposal | None  # the drafts it took unread, their header to check (None: an AR step, ar_ahead.py)
     tokens: torch.Tensor | None = None  # an AR step's verdict tokens [B, 1], on the device: the next AR step's input
-    sampled: bool = False  # a row samples: the drafts' probabilities came with them
-
-
-def host_free(params: SamplingParams) -> bool:
-    """Nothing between steps needs the host: no grammar to advance (a row's logprobs are computed on the
-    device with its step and read back with the verdict)."""
-    return params.structured is None
 
 
 def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids: list[int],
@@ -74,25 +67,6 @@ def launchable_ids(worker: Verifier, current: control_pb2.StepPlan, current_ids:
     if not set(drafted).isdisjoint(current_ids):  # sequential SD: a row's next start is this verdict's, unread yet
         return None
     return drafted if device_rows(worker, drafted, sampled) else None
-
-
-def device_rows(worker: Verifier, ids: list[int], sampled: bool = True) -> bool:
-    """Whether a verify of `ids` can take its drafts as device tokens, unread: every row is held, in the steady
-    state (one committed token not yet in the KV) and host-free; greedy too unless `sampled`
-    (the draft probabilities of a batch with a sampled row are received into the device as well)."""
-    for seq_id in ids:
-        st = worker.seqs.get(seq_id)
-        if st is None or st.length - st.cached != 1 or not host_free(st.params):
-            return False
-        if not sampled and not st.params.greedy:
-            return False
-    return True
-
-
-def samples(worker: Verifier, ids: list[int]) -> bool:
-    """Whether a row of the batch samples: then the draft service sends the drafts' probabilities after the
-    frame (engine/sampling.sample_tokens gives them for any batch that is not all greedy)."""
-    return not all(worker.seqs[s].params.greedy for s in ids)
 
 
 def await_next(upcoming: Callable[[], control_pb2.StepPlan | None], readback: Readback

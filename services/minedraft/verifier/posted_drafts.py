@@ -28,7 +28,7 @@ from minedraft.engine.drafter import Proposal
 from minedraft.engine.readback import Readback, device_mark
 from minedraft.engine.verifier import Verifier
 from minedraft.proto import control_pb2
-from minedraft.verifier.launch_ahead import device_rows, samples
+from minedraft.verifier.device_rows import device_rows, samples
 from minedraft.worker.data_frames import expected_header
 from minedraft.worker.data_plane import DataPlane
 
@@ -61,6 +61,11 @@ class PostedProposal:
         if ids != self.ids:
             raise RuntimeError(f"a verify of {ids[:8]} took the drafts of {self.ids[:8]}")
         return self.proposal
+
+    @property
+    def sampled(self) -> bool:
+        """A row samples: the drafts' probabilities came with them, and a broken step is judged again."""
+        return self.proposal.probs is not None
 
     def mismatch(self, step: int) -> str:
         return mismatch(step, self.header.tolist(), self.expected_header)
