@@ -20,6 +20,7 @@ from pathlib import Path
 
 from minedraft.batch_manager.policy import two_batches
 from minedraft.bench.flags import int_list
+from minedraft.bench.fp8_quantizer import WEIGHT_FORMATS
 from minedraft.bench.gpu.placement_report import summary_lines
 from minedraft.bench.gpu.placements import (
     PairSpecs,
@@ -31,7 +32,7 @@ from minedraft.bench.gpu.placements import (
     start_together,
 )
 from minedraft.bench.gpu.step_report import ModelBytes, bound_ms, draft_bytes
-from minedraft.bench.gpu.sweep_pairs import DRAFTERS, PROMPT_LEN, WEIGHTS, level_bytes, level_pair
+from minedraft.bench.gpu.sweep_pairs import DRAFTERS, PROMPT_LEN, level_bytes, level_pair
 from minedraft.bench.gpu.timing import ceilings, log
 from minedraft.bench.peaked_head import agree_for_acceptance
 from minedraft.bundled import TINY_TARGET
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="N: the target over GPUs 0..N-1 in both placements; the draft service on GPU N")
     p.add_argument("--colocated-only", action="store_true",
                    help="one GPU: AR and SD colocated only (no draft service, no PSD)")
-    p.add_argument("--weights", default="bf16", help=f"the target's formats, a level each: {', '.join(WEIGHTS)}")
+    p.add_argument("--weights", default="bf16", help=f"the target's formats, a level each: {', '.join(WEIGHT_FORMATS)}")
     p.add_argument("--drafters", default="model", help=f"what drafts, a level each: {', '.join(DRAFTERS)}")
     p.add_argument("--eagle-vocab", type=int, default=32000, help="the EAGLE head's draft vocabulary (0: the target's)")
     p.add_argument("--tetris-ms", type=int_list, default=[], help="m of SD colocated and PSD m+m with TETRIS selection")

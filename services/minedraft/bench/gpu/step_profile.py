@@ -34,8 +34,6 @@ from minedraft.engine.drafter import Drafter
 from minedraft.engine.runner import ModelRunner
 from minedraft.engine.verifier import Verifier
 
-WEIGHTS = WEIGHT_FORMATS  # weight format -> the quantizer's scheme
-
 
 @dataclass(frozen=True, slots=True)
 class StepConfig:
@@ -60,7 +58,7 @@ class StepConfig:
         modes = tuple(m for m in args.step_modes.split(",") if m)
         weights = tuple(w for w in args.weights.split(",") if w)
         samplings = tuple(s for s in getattr(args, "step_sampling", "greedy").split(",") if s)
-        for name, given, known in (("mode", modes, MODES), ("weights", weights, WEIGHTS),
+        for name, given, known in (("mode", modes, MODES), ("weights", weights, WEIGHT_FORMATS),
                                    ("sampling", samplings, SAMPLINGS)):
             if unknown := [g for g in given if g not in known]:
                 raise SystemExit(f"unknown {name} {unknown}; choose from {', '.join(known)}")
@@ -85,8 +83,8 @@ class StepConfig:
 def load(cfg: StepConfig, role: str, weights: str) -> torch.nn.Module:
     """The synthetic pair member in bf16, or quantized in memory to FP8 (`bench/fp8_quantizer.py`)."""
     model = build_synthetic(SyntheticSpec(cfg.shape, role, cfg.alpha, cfg.draft_layers), cfg.device, torch.bfloat16)
-    if WEIGHTS[weights]:
-        model = quantize_model(model, scheme=WEIGHTS[weights])
+    if WEIGHT_FORMATS[weights]:
+        model = quantize_model(model, scheme=WEIGHT_FORMATS[weights])
     return model
 
 

@@ -26,7 +26,6 @@ from minedraft.bench.workload import random_prompts
 from minedraft.engine.config import ModelConfig
 from minedraft.engine.fp8_weights import PROJECTIONS
 
-WEIGHTS = WEIGHT_FORMATS  # the target's format -> SyntheticSpec.fp8
 DRAFTERS = ("model", "eagle")
 PROMPT_LEN = 32
 
@@ -43,11 +42,11 @@ def level_pair(shape: str, alpha: float, draft_layers: int, agree: float, weight
                draft_vocab: int, head_device: str = "cuda:0", seed: int = 13) -> LevelPair:
     """The level's pair and `count` prompts. An EAGLE head is built on `head_device` (the device type the target's
     services build on, so that it reads the same embedding) and written to a fresh folder."""
-    if weights not in WEIGHTS or drafter not in DRAFTERS:
-        raise ValueError(f"weights {weights!r} (one of {', '.join(WEIGHTS)}), drafter {drafter!r} "
+    if weights not in WEIGHT_FORMATS or drafter not in DRAFTERS:
+        raise ValueError(f"weights {weights!r} (one of {', '.join(WEIGHT_FORMATS)}), drafter {drafter!r} "
                          f"(one of {', '.join(DRAFTERS)})")
     target, draft = SyntheticSpec(shape, "target", alpha, draft_layers, agree).pair()
-    target = replace(target, fp8=WEIGHTS[weights])
+    target = replace(target, fp8=WEIGHT_FORMATS[weights])
     if drafter == "model":
         ids = min(2000, SHAPES[shape].vocab_size)  # the 8B shape's prompts as the sweep always drew them
         return LevelPair(str(target), str(draft), "model", random_prompts(count, PROMPT_LEN, seed=seed, high=ids))
